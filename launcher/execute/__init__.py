@@ -1,0 +1,1 @@
+"""Executors carry out a RunPlan: locally (subprocess) or over SSH (fabric)."""

@@ -1,0 +1,107 @@
+"""Carry out a RunPlan with node processes: run folder, streaming, fail-fast, summary."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from launcher.display import make_display
+from launcher.errors import RunFailed
+from launcher.execute.supervisor import NodeProcess, Outcome, supervise
+from launcher.logs import LineRouter
+from launcher.plan import RunPlan
+from launcher.runfolder import RunFolder
+
+EXIT_INTERRUPTED = 130
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: str,
+                  finished: str, tails: dict[str, list[str]]) -> dict[str, Any]:
+    names = [n.name for n in plan.nodes]
+    rank0_node, result = folder.trainer_result(names)
+    exits = {e.name: e for e in outcome.nodes}
+    summary: dict[str, Any] = {
+        "run_id": plan.run_id,
+        "status": "succeeded" if outcome.status == "succeeded" else "failed",
+        "recipe": plan.recipe_name,
+        "recipe_file": plan.recipe_source,
+        "nnodes": plan.nnodes,
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.world_size,
+        "nodes": [
+            {"name": n.name, "address": n.address, "exit_code": exits[n.name].exit_code,
+             "status": exits[n.name].status}
+            for n in plan.nodes
+        ],
+        "rank0_node": rank0_node,
+        "steps": result.get("steps"),
+        "images_per_sec": result.get("images_per_sec"),
+        "step_time_s": result.get("step_time_s"),
+        "final_loss": result.get("final_loss"),
+        "eval_accuracy": result.get("eval_accuracy"),
+        "train_time_s": result.get("train_time_s"),
+        "ddp": result.get("ddp"),
+        "started_at": started,
+        "finished_at": finished,
+        "duration_s": round(outcome.duration_s, 3),
+        "run_dir": str(folder.root),
+    }
+    if outcome.status != "succeeded":
+        summary["failure"] = {
+            "reason": outcome.reason,
+            "interrupted": outcome.status == "interrupted",
+            "first_failed_node": outcome.first_failure,
+            "last_lines": tails.get(outcome.first_failure or "", []),
+        }
+    return summary
+
+
+def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
+                 display=None, after: Callable[[], None] | None = None,
+                 grace_s: float = 5.0) -> dict[str, Any]:
+    """Runs the plan; returns the summary, or raises RunFailed after writing it."""
+    display = display or make_display()
+    folder.write_json("plan.json", plan.to_json())
+    router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display)
+    started = _now()
+    display.message(f"run {plan.run_id}: {plan.nnodes} node(s), world size {plan.world_size}; "
+                    f"logs in {folder.root}")
+    try:
+        outcome = supervise(procs, router, grace_s=grace_s, notify=display.message)
+    finally:
+        display.close()
+        router.close()
+    for proc in procs:
+        # Anything a stopped agent left in its process group goes too (by recorded id).
+        if hasattr(proc, "reap_group"):
+            proc.reap_group()
+    if after is not None:
+        after()  # e.g. fetch remote files; also after a failure, so nothing is lost
+    folder.gather_metrics([n.name for n in plan.nodes])
+    tails = {n.name: router.tail(n.name, 20) for n in plan.nodes}
+    summary = build_summary(plan, outcome, folder, started, _now(), tails)
+    folder.write_json("summary.json", summary)
+    if outcome.status == "succeeded":
+        acc = summary["eval_accuracy"]
+        display.message(
+            f"run {plan.run_id} succeeded: {summary['steps']} steps, final loss "
+            f"{summary['final_loss']}, {summary['images_per_sec']} img/s"
+            + (f", held-out accuracy {acc:.4f}" if acc is not None else "")
+            + f"; summary in {folder.root / 'summary.json'}"
+        )
+        return summary
+    failed = outcome.first_failure
+    lines = [f"run {plan.run_id} {outcome.status}: {outcome.reason}."]
+    if failed:
+        lines.append(f"last lines of node {failed} (full log: {folder.node_log(failed)}):")
+        lines += [f"  {line}" for line in tails[failed]]
+    lines.append(f"logs and summary kept in {folder.root}")
+    code = EXIT_INTERRUPTED if outcome.status == "interrupted" else 1
+    if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
+        code = 128 + signal.SIGTERM
+    raise RunFailed("\n".join(lines), exit_code=code)

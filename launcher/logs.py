@@ -1,0 +1,85 @@
+"""Routing node output: torchrun's per-rank prefixes to `node/local_rank`, node.log files,
+the last lines of each node (for failure messages) and progress for the display."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TextIO
+
+# torchrun --tee prefixes worker lines with "[<role><local_rank>]:" (role is "default").
+_TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<rank>\d+)\]:(?P<text>.*)$")
+# train/main.py rank 0: "step 20/330 epoch 0 loss 1.2345 lr ... step_time 0.120s 534.6 img/s"
+_PROGRESS = re.compile(
+    r"^step (?P<step>\d+)/(?P<total>\d+) .*?loss (?P<loss>[-+0-9.eEinfna]+) .*?"
+    r"(?P<ips>[0-9.]+) img/s"
+)
+AGENT = "agent"  # lines torchrun itself prints, not one of its workers
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int
+    loss: float
+    images_per_sec: float
+
+
+def split_rank(line: str) -> tuple[str, str]:
+    """('0', 'text') for a worker line, ('agent', line) for torchrun's own lines."""
+    m = _TEE_PREFIX.match(line)
+    if m:
+        return m.group("rank"), m.group("text")
+    return AGENT, line
+
+
+def parse_progress(text: str) -> Progress | None:
+    m = _PROGRESS.match(text.strip())
+    if not m:
+        return None
+    try:
+        return Progress(int(m["step"]), int(m["total"]), float(m["loss"]), float(m["ips"]))
+    except ValueError:
+        return None
+
+
+class Display(Protocol):
+    def line(self, node: str, rank: str, text: str) -> None: ...
+    def progress(self, progress: Progress) -> None: ...
+    def message(self, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class LineRouter:
+    """Every line goes, as it arrives, to the node's log file and to the display."""
+
+    def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200):
+        self.display = display
+        self._files: dict[str, TextIO] = {}
+        for node, path in logs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files[node] = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self._tail = {node: deque(maxlen=keep) for node in logs}
+        self._lock = threading.Lock()
+
+    def line(self, node: str, raw: str) -> None:
+        raw = raw.rstrip("\r\n")
+        rank, text = split_rank(raw)
+        shown = f"{node}/{rank}: {text}"
+        with self._lock:
+            self._files[node].write(shown + "\n")
+            self._tail[node].append(shown)
+            self.display.line(node, rank, text)
+            progress = parse_progress(text)
+            if progress:
+                self.display.progress(progress)
+
+    def tail(self, node: str, count: int = 20) -> list[str]:
+        return list(self._tail[node])[-count:]
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()

@@ -1,0 +1,58 @@
+"""Tell which of the three texts a file holds, and parse it as that."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.nccl.debug_log import NcclDebugLog, is_debug_line, parse_debug_log
+from launcher.nccl.errors import NcclParseError
+from launcher.nccl.nccl_tests import NcclTestsRun, is_column_header, parse_nccl_tests
+from launcher.nccl.text import logical_lines
+from launcher.nccl.topology import Topology, looks_like_topology, parse_topology
+
+Parsed = NcclTestsRun | NcclDebugLog | Topology
+
+KINDS = ("nccl-tests", "nccl-debug", "topology")
+
+EXPECTED = ("expected nccl-tests output (a `#  size  count  type ...` table), an NCCL_DEBUG=INFO "
+            "log (`HOST:PID:TID [DEV] NCCL INFO ...` lines) or `nvidia-smi topo -m` output "
+            "(a `GPU0  X ...` matrix)")
+
+
+def detect_kind(text: str) -> str | None:
+    """"nccl-tests", "nccl-debug", "topology" or None.
+
+    nccl-tests output run with NCCL_DEBUG=INFO carries NCCL log lines too: its table is what
+    the user ran for, so the table decides first.
+    """
+    lines = [line for _, line in logical_lines(text)]
+    if any(line.lstrip().startswith("#") and is_column_header(line) for line in lines):
+        return "nccl-tests"
+    if looks_like_topology(text):
+        return "topology"
+    if any(is_debug_line(line) for line in lines):
+        return "nccl-debug"
+    return None
+
+
+def parse_text(text: str, path: str = "<text>") -> Parsed:
+    kind = detect_kind(text)
+    if kind == "nccl-tests":
+        return parse_nccl_tests(text, path)
+    if kind == "topology":
+        return parse_topology(text, path)
+    if kind == "nccl-debug":
+        return parse_debug_log(text, path)
+    raise NcclParseError(path, f"not a log `launch inspect` knows: {EXPECTED}")
+
+
+def read_text(path: str | Path) -> str:
+    """A log's text; undecodable bytes are replaced rather than refused (logs carry them)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise NcclParseError(str(path), f"cannot read it: {err.strerror or err}") from None
+
+
+def parse_file(path: str | Path) -> Parsed:
+    return parse_text(read_text(path), str(path))

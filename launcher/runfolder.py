@@ -1,0 +1,86 @@
+"""The run folder `runs/<run_id>/`: plan.json, one folder per node, metrics and summary.
+
+    runs/<run_id>/
+      plan.json           the exact plan that ran (argv and env per node)
+      summary.json        status, world size, steps, images/s, final loss, eval accuracy
+      metrics.jsonl       rank 0's logged steps (step, loss, images_per_sec, step_time_s, ...)
+      <node>/node.log     every line the node printed, prefixed node/local_rank
+      <node>/torchrun/    torchrun's per-rank stdout/stderr files
+      <node>/nccl-debug.<host>.<pid>.log   NCCL_DEBUG=INFO output, one file per rank
+      <node>/result.json  the trainer's final numbers (on the node that held rank 0)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LauncherError
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def new_run_id(recipe_name: str, now: datetime | None = None) -> str:
+    now = now or datetime.now()
+    return f"{recipe_name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise LauncherError(
+            f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' (it names the run "
+            "folder and the rendezvous)"
+        )
+    return run_id
+
+
+class RunFolder:
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def create(cls, runs_dir: str | Path, run_id: str) -> RunFolder:
+        root = Path(runs_dir).resolve() / run_id
+        if root.exists():
+            raise LauncherError(f"run folder {root} already exists: pass another --run-id "
+                                "(logs of earlier runs are never overwritten)")
+        root.mkdir(parents=True)
+        return cls(root)
+
+    def node_dir(self, node: str) -> Path:
+        return self.root / node
+
+    def node_log(self, node: str) -> Path:
+        return self.node_dir(node) / "node.log"
+
+    def write_json(self, name: str, data: Any) -> Path:
+        path = self.root / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    def trainer_result(self, nodes: list[str]) -> tuple[str | None, dict[str, Any]]:
+        """The node that held rank 0 wrote result.json; c10d decides which node that is."""
+        for node in nodes:
+            path = self.node_dir(node) / "result.json"
+            if path.exists():
+                try:
+                    return node, json.loads(path.read_text())
+                except json.JSONDecodeError:
+                    return node, {}
+        return None, {}
+
+    def gather_metrics(self, nodes: list[str]) -> Path | None:
+        for node in nodes:
+            src = self.node_dir(node) / "metrics.jsonl"
+            if src.exists():
+                dst = self.root / "metrics.jsonl"
+                shutil.copyfile(src, dst)
+                return dst
+        return None

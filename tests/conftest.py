@@ -1,0 +1,44 @@
+"""Fixtures every test area uses. Each area keeps its own in tests/<area>/conftest.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+def launch_cmd(*args: str) -> list[str]:
+    """argv that runs the `launch` CLI from this checkout with this interpreter."""
+    return [sys.executable, "-m", "launcher", *args]
+
+
+@pytest.fixture
+def run_launch(tmp_path):
+    """Run the real CLI in a subprocess; returns CompletedProcess with text output."""
+
+    def run(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+        full_env = {**os.environ, **(env or {})}
+        full_env.setdefault("LAUNCH_HOME", str(tmp_path / "launch-home"))
+        proc = subprocess.run(
+            launch_cmd(*args), cwd=cwd or tmp_path, env=full_env, text=True,
+            capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"launch {' '.join(args)} exited {proc.returncode}\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
+
+    return run

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import launch_cmd
+
+# A small, fast variant of the demo recipe: same data and trainer, 2 blocks instead of 12.
+FAST = {
+    "name": "fast",
+    "nodes": 2,
+    "rendezvous": {"timeout": 60},
+    "train": {"model": "vit_tiny", "depth": 2, "dataset": "digits", "image_size": 8,
+              "patch_size": 4, "batch_size": 32, "steps": 20, "log_every": 5},
+    "ddp": {"static_graph": True, "gradient_as_bucket_view": True},
+}
+
+
+def write_recipe(directory: Path, name: str = "recipe.yml", **sections) -> Path:
+    data = copy.deepcopy(FAST)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    path = directory / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_pids(run_id: str) -> list[int]:
+    """Every process of a run: each one inherits LAUNCH_RUN_ID from its node agent."""
+    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def worker_pid(run_id: str, node: str) -> int | None:
+    """A trainer rank (not its torchrun agent) of the given node."""
+    for pid in run_pids(run_id):
+        args = cmdline(pid)
+        if "torch.distributed.run" in args:
+            continue
+        if any(a.endswith("train/main.py") for a in args) and any(a.endswith(f"/{node}") for a in args):
+            return pid
+    return None
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class LaunchProcess:
+    """`launch run` started in the background, for tests that interrupt it."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.log = cwd / "launch.out"
+        self._out = open(self.log, "w")
+        self.proc = subprocess.Popen(launch_cmd(*args), cwd=cwd, stdout=self._out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._out.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def background_launch(tmp_path):
+    started: list[LaunchProcess] = []
+
+    def start(*args: str) -> LaunchProcess:
+        lp = LaunchProcess(list(args), tmp_path)
+        started.append(lp)
+        return lp
+
+    yield start
+    for lp in started:
+        lp.kill()

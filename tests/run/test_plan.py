@@ -1,0 +1,153 @@
+"""Exact expected plans: argv and env per node, for 1, 2 and 4 nodes, with and without GPUs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from launcher.inventory import Node
+from launcher.plan import Placement, plan_run
+from launcher.recipe import recipe_from_mapping
+
+RECIPE = {
+    "name": "exp",
+    "nodes": 2,
+    "rendezvous": {"port": 29400, "timeout": 300},
+    "env": {"TORCH_SHOW_CPP_STACKTRACES": 1},
+    "train": {"model": "vit_b16", "dataset": "synthetic", "image_size": 224, "patch_size": 16,
+              "batch_size": 64, "steps": 100, "lr": 1e-3, "precision": "bf16"},
+    "ddp": {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": 100,
+            "comm_hook": "powersgd", "powersgd": {"rank": 4, "start_iter": 20}},
+}
+
+TRAINER_ARGS = [
+    "--model", "vit_b16", "--dataset", "synthetic", "--image-size", "224", "--patch-size", "16",
+    "--batch-size", "64", "--steps", "100", "--lr", "0.001", "--weight-decay", "0.05",
+    "--precision", "bf16", "--seed", "0", "--grad-accum-steps", "1", "--num-workers", "0",
+    "--log-every", "10", "--static-graph", "--gradient-as-bucket-view", "--bucket-cap-mb",
+    "100.0", "--comm-hook", "powersgd", "--powersgd-rank", "4", "--powersgd-start-iter", "20",
+    "--powersgd-warm-start", "--powersgd-error-feedback",
+]
+
+
+def cluster(n: int, gpus: int) -> list[Node]:
+    return [Node(name=f"gpu{i}", address=f"54.0.0.{i + 1}", private_address=f"10.0.0.{i + 1}",
+                 gpus=gpus, python="/opt/launch/venv/bin/python", interface="ens5")
+            for i in range(n)]
+
+
+def placements(nodes, cpus=None):
+    return {n.name: Placement(python=n.python, trainer="/srv/run/code/train/main.py",
+                              run_dir=f"/srv/run/{n.name}", cpus=cpus) for n in nodes}
+
+
+def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
+    return [
+        "/opt/launch/venv/bin/python", "-m", "torch.distributed.run",
+        "--nnodes", str(n), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "run-7",
+        "--rdzv-conf", f"is_host={1 if node_index == 0 else 0},join_timeout=300",
+        "--local-addr", f"10.0.0.{node_index + 1}", "--max-restarts", "0",
+        "--tee", "3", "--log-dir", f"/srv/run/gpu{node_index}/torchrun",
+        "/srv/run/code/train/main.py", *TRAINER_ARGS, "--out-dir", f"/srv/run/gpu{node_index}",
+    ]
+
+
+def expected_env(node_index: int, omp: str | None) -> dict[str, str]:
+    env = {"LAUNCH_RUN_ID": "run-7"}
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    env.update({
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_FILE": f"/srv/run/gpu{node_index}/nccl-debug.%h.%p.log",
+        "GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5",
+        "TORCH_SHOW_CPP_STACKTRACES": "1",
+    })
+    return env
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("gpus,cpus,nproc,omp", [(8, 96, 8, "12"), (0, 4, 1, "4"),
+                                                  (0, None, 1, None)])
+def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
+    recipe = recipe_from_mapping(RECIPE, "exp.yml")
+    nodes = cluster(n, gpus)
+    plan = plan_run(recipe, nodes, "run-7", placements(nodes, cpus))
+    assert plan.world_size == n * nproc
+    assert plan.rdzv_endpoint == "10.0.0.1:29400"
+    assert [c.is_head for c in plan.nodes] == [True] + [False] * (n - 1)
+    for i, command in enumerate(plan.nodes):
+        assert list(command.argv) == expected_argv(n, nproc, i)
+        assert command.env == expected_env(i, omp)
+
+
+def test_local_gpu_split_sets_cuda_visible_devices():
+    from launcher.commands.run import plan_local
+
+    recipe = recipe_from_mapping({**RECIPE, "ddp": {"comm_hook": "none"}}, "exp.yml")
+    plan = plan_local(recipe, 2, "run-7", "/srv/runs", gpus_total=8, cpus_total=16, port=41000)
+    assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan.nodes] == ["0,1,2,3", "4,5,6,7"]
+    assert [c.env["OMP_NUM_THREADS"] for c in plan.nodes] == ["2", "2"]
+    assert plan.nproc_per_node == 4
+    assert plan.rdzv_endpoint == "127.0.0.1:41000"
+    assert all(c.env["GLOO_SOCKET_IFNAME"] == "lo" for c in plan.nodes)
+    assert plan.nodes[1].argv[plan.nodes[1].argv.index("--rdzv-conf") + 1].startswith("is_host=0")
+
+
+def test_ipv6_head_is_bracketed():
+    recipe = recipe_from_mapping(RECIPE, "exp.yml")
+    nodes = [Node(name="a", address="fd00::1", private_address="fd00::1", gpus=0),
+             Node(name="b", address="fd00::2", private_address="fd00::2", gpus=0)]
+    plan = plan_run(recipe, nodes, "r", placements(nodes))
+    assert plan.rdzv_endpoint == "[fd00::1]:29400"
+
+
+def test_mixed_gpu_counts_with_auto_is_refused():
+    from launcher.errors import RecipeError
+
+    recipe = recipe_from_mapping(RECIPE, "exp.yml")
+    nodes = cluster(2, 8)
+    nodes[1] = Node(name="gpu1", address="x", private_address="10.0.0.2", gpus=4)
+    with pytest.raises(RecipeError, match="nproc_per_node"):
+        plan_run(recipe, nodes, "r", placements(nodes))
+
+
+def test_shell_line_round_trips_to_the_same_argv():
+    recipe = recipe_from_mapping(RECIPE, "exp.yml")
+    nodes = cluster(2, 8)
+    command = plan_run(recipe, nodes, "run-7", placements(nodes)).nodes[1]
+    words = shlex.split(command.shell_line())
+    assert words[0] == "env"
+    n_env = len(command.env)
+    assert words[1:1 + n_env] == [f"{k}={v}" for k, v in command.env.items()]
+    assert words[1 + n_env:] == list(command.argv)
+
+
+def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path):
+    proc = run_launch("run", "--local", "--nodes", "2", str(repo_root / "recipes/vit-tiny-local.yml"),
+                      "--dry-run", "--json", "--run-id", "dry-1", check=True)
+    plan = json.loads(proc.stdout)
+    assert plan["run_id"] == "dry-1"
+    assert plan["rendezvous"]["backend"] == "c10d"
+    assert plan["rendezvous"]["id"] == "dry-1"
+    assert plan["rendezvous"]["endpoint"].startswith("127.0.0.1:")
+    assert [n["name"] for n in plan["nodes"]] == ["node0", "node1"]
+    for node in plan["nodes"]:
+        assert set(node) >= {"name", "address", "argv", "env"}
+        assert node["argv"][1:3] == ["-m", "torch.distributed.run"]
+    # No run folder, no file of any kind: the tmp cwd holds only what the fixture made.
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    text = run_launch("run", "--local", str(repo_root / "recipes/vit-tiny-local.yml"),
+                      "--dry-run", "--run-id", "dry-2", check=True).stdout
+    assert "node node0 (127.0.0.1, head, hosts the rendezvous" in text
+    assert "is_host=0" in text and "OMP_NUM_THREADS=1" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_run_without_target_says_what_to_pass(run_launch, repo_root):
+    proc = run_launch("run", str(repo_root / "recipes/vit-tiny-local.yml"))
+    assert proc.returncode == 2
+    assert "--local" in proc.stderr and "-i INVENTORY" in proc.stderr
+    assert "Traceback" not in proc.stderr

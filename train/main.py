@@ -1,0 +1,255 @@
+"""Entry point torchrun starts on every rank: `python train/main.py --model vit_tiny ...`.
+
+Rank 0 prints progress lines (parsed by `launch` for its progress display), appends one JSON
+object per logged step to OUT_DIR/metrics.jsonl and writes OUT_DIR/result.json at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+# Run as a script (torchrun's entrypoint): make `train.*` importable from the shipped folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from train.data import load_dataset  # noqa: E402
+from train.ddp import COMM_HOOKS, DDPSettings, wrap_ddp  # noqa: E402
+from train.model import VIT_SIZES, build_vit, count_parameters  # noqa: E402
+
+WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
+
+
+def die_with_parent() -> None:
+    """torchrun starts each worker in its own session, so a killed agent would leave workers
+    behind that no process-group signal reaches. Ask the kernel to kill us with the agent."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent:  # the agent died before prctl took effect
+        os._exit(1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", choices=sorted(VIT_SIZES), default="vit_tiny")
+    p.add_argument("--depth", type=int, help="override the model's number of blocks")
+    p.add_argument("--width", type=int, help="override the model's embedding width")
+    p.add_argument("--heads", type=int, help="override the model's attention heads")
+    p.add_argument("--dataset", default="synthetic", help="synthetic | digits | image folder path")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--patch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int)
+    length.add_argument("--epochs", type=float)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up (default: 5%% of steps)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grad-accum-steps", type=int, default=1)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--static-graph", action="store_true")
+    p.add_argument("--gradient-as-bucket-view", action="store_true")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--comm-hook", choices=COMM_HOOKS, default="none")
+    p.add_argument("--powersgd-rank", type=int, default=1)
+    p.add_argument("--powersgd-start-iter", type=int, default=10)
+    p.add_argument("--powersgd-warm-start", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--powersgd-error-feedback", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--out-dir", default=".", help="where rank 0 writes metrics and results")
+    p.add_argument("--save-model", action="store_true", help="rank 0 saves OUT_DIR/model.pt")
+    args = p.parse_args(argv)
+    if args.steps is None and args.epochs is None:
+        args.epochs = 1.0
+    return args
+
+
+def lr_at(step: int, total: int, warmup: int, base: float) -> float:
+    """Linear warm-up, then cosine decay to zero."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def evaluate(model, held_out, batch_size: int, device, rank: int, world: int, autocast):
+    """Exact accuracy: every held-out image is scored once (rank r takes r, r+world, ...)."""
+    shard = Subset(held_out, list(range(rank, len(held_out), world)))
+    correct = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        for images, labels in DataLoader(shard, batch_size=batch_size):
+            images, labels = images.to(device), labels.to(device)
+            with autocast():
+                logits = model(images)
+            correct[0] += (logits.argmax(1) == labels).sum()
+            correct[1] += labels.numel()
+    dist.all_reduce(correct)
+    return (correct[0] / correct[1]).item() if correct[1] > 0 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    args = parse_args(argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
+    backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} on {socket.gethostname()}: backend {backend}, device {device}",
+          flush=True)
+
+    torch.manual_seed(args.seed)
+    data = load_dataset(args.dataset, args.image_size)
+    model = build_vit(args.model, args.image_size, args.patch_size, data.in_channels,
+                      data.num_classes, depth=args.depth, width=args.width,
+                      heads=args.heads).to(device)
+    settings = DDPSettings(
+        static_graph=args.static_graph, gradient_as_bucket_view=args.gradient_as_bucket_view,
+        bucket_cap_mb=args.bucket_cap_mb, comm_hook=args.comm_hook,
+        powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
+        powersgd_warm_start=args.powersgd_warm_start,
+        powersgd_error_feedback=args.powersgd_error_feedback,
+    )
+    ddp, hook_state = wrap_ddp(model, settings, device)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                        num_workers=args.num_workers)
+    steps_per_epoch = len(loader) // args.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise SystemExit(f"batch_size {args.batch_size} x {world} ranks x grad_accum_steps "
+                         f"{args.grad_accum_steps} exceeds the {len(data.train)} training images")
+    total = args.steps or max(1, int(round(args.epochs * steps_per_epoch)))
+    warmup = args.warmup_steps if args.warmup_steps is not None else int(0.05 * total)
+    images_per_step = args.batch_size * world * args.grad_accum_steps
+
+    def autocast():
+        if args.precision == "bf16":
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    out_dir = Path(args.out_dir)
+    metrics_file = None
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics_file = open(out_dir / "metrics.jsonl", "a")  # noqa: SIM115
+        print(f"model {args.model}: {count_parameters(model) / 1e6:.2f} M parameters, "
+              f"{len(data.train)} training images, {total} steps of {images_per_step} images, "
+              f"ddp {settings}", flush=True)
+
+    step, epoch = 0, 0
+    step_times: list[float] = []
+    window_loss, window_time, window_n = 0.0, 0.0, 0
+    last_loss = float("nan")
+    started = time.perf_counter()
+    ddp.train()
+    while step < total:
+        sampler.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(steps_per_epoch):
+            if step >= total:
+                break
+            t0 = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, total, warmup, args.lr)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for micro in range(args.grad_accum_steps):
+                images, labels = next(batches)
+                images, labels = images.to(device), labels.to(device)
+                sync = micro == args.grad_accum_steps - 1
+                with (nullcontext() if sync else ddp.no_sync()):
+                    with autocast():
+                        loss = F.cross_entropy(ddp(images), labels) / args.grad_accum_steps
+                    loss.backward()
+                loss_sum += loss.item()
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            step += 1
+            step_times.append(dt)
+            last_loss = loss_sum
+            window_loss, window_time, window_n = window_loss + loss_sum, window_time + dt, window_n + 1
+            if rank == 0 and (step % args.log_every == 0 or step == total):
+                record = {
+                    "step": step, "epoch": epoch, "loss": round(window_loss / window_n, 6),
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "step_time_s": round(window_time / window_n, 6),
+                    "images_per_sec": round(images_per_step * window_n / window_time, 3),
+                    "time_s": round(time.perf_counter() - started, 3),
+                }
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                print(f"step {step}/{total} epoch {epoch} loss {record['loss']:.4f} "
+                      f"lr {record['lr']:.2e} step_time {record['step_time_s']:.3f}s "
+                      f"{record['images_per_sec']:.1f} img/s", flush=True)
+                window_loss, window_time, window_n = 0.0, 0.0, 0
+        epoch += 1
+    train_time = time.perf_counter() - started
+
+    final = torch.tensor([last_loss], dtype=torch.float64, device=device)
+    dist.all_reduce(final)
+    final_loss = final.item() / world
+    accuracy = None
+    if data.held_out is not None and len(data.held_out) > 0:
+        accuracy = evaluate(ddp.module, data.held_out, args.batch_size, device, rank, world,
+                            autocast)
+    if rank == 0:
+        steady = step_times[WARMUP_STEPS_EXCLUDED:] or step_times
+        median_step = statistics.median(steady)
+        result = {
+            "steps": step, "epochs": epoch, "world_size": world, "backend": backend,
+            "device": device.type, "parameters": count_parameters(model),
+            "final_loss": round(final_loss, 6), "eval_accuracy": accuracy,
+            "eval_images": len(data.held_out) if data.held_out is not None else 0,
+            "images_per_sec": round(images_per_step / median_step, 3),
+            "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
+            "ddp": settings.__dict__,
+        }
+        if hook_state is not None:
+            result["powersgd_compression_rate"] = hook_state.compression_stats()[0]
+        if args.save_model:
+            torch.save(ddp.module.state_dict(), out_dir / "model.pt")
+        (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        metrics_file.close()
+        acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
+        print(f"done: {step} steps in {train_time:.1f}s, final loss {final_loss:.4f}, "
+              f"held-out accuracy {acc}, {result['images_per_sec']:.1f} img/s", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
