@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ class Placement:
     """Where things are on one node; chosen by the executor (local folder or remote run dir)."""
 
     python: str          # interpreter with torch on the node
-    trainer: str         # path of train/main.py on the node
+    code_dir: str        # the folder holding train/ on the node
     run_dir: str         # the node's own folder for logs, NCCL debug files, metrics
     cwd: str | None = None
     cpus: int | None = None              # cores this node agent may use (OMP_NUM_THREADS)
@@ -165,6 +166,11 @@ def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: i
     return env
 
 
+def trainer_program(recipe: Recipe) -> Callable[[Placement], list[str]]:
+    """The default program torchrun starts: train/main.py with the recipe as flags."""
+    return lambda place: [f"{place.code_dir}/train/main.py", *trainer_args(recipe, place.run_dir)]
+
+
 def plan_run(
     recipe: Recipe,
     nodes: list[Node],
@@ -173,8 +179,14 @@ def plan_run(
     *,
     rdzv_port: int | None = None,
     notes: tuple[str, ...] = (),
+    program: Callable[[Placement], list[str]] | None = None,
 ) -> RunPlan:
-    """One command per node; the first node is the head and hosts the c10d store."""
+    """One command per node; the first node is the head and hosts the c10d store.
+
+    `program` gives the script and its arguments per node (default: the trainer); `launch
+    bench` passes its own, so every workload goes through the same launch path.
+    """
+    program = program or trainer_program(recipe)
     if not nodes:
         raise ValueError("a run needs at least one node")
     head = nodes[0]
@@ -196,7 +208,7 @@ def plan_run(
             rdzv_id=run_id, local_addr=node.private_address, is_host=node is head,
             join_timeout=recipe.rendezvous.timeout, log_dir=f"{place.run_dir}/torchrun",
         )
-        argv += [place.trainer, *trainer_args(recipe, place.run_dir)]
+        argv += program(place)
         commands.append(NodeCommand(
             name=node.name, address=node.address, private_address=node.private_address,
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),

@@ -38,21 +38,21 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def trainer_path() -> str:
-    """train/main.py next to the launcher package (a checkout or an installed wheel)."""
-    here = Path(__file__).resolve().parent.parent.parent / "train" / "main.py"
-    if here.exists():
+def code_dir() -> str:
+    """The folder holding train/ (a checkout, or site-packages for an installed wheel)."""
+    here = Path(__file__).resolve().parent.parent.parent
+    if (here / "train" / "main.py").exists():
         return str(here)
     import importlib.util
 
     spec = importlib.util.find_spec("train.main")
     if spec is None or spec.origin is None:
         raise LauncherError("cannot find the trainer (train/main.py); reinstall launch")
-    return spec.origin
+    return str(Path(spec.origin).parent.parent)
 
 
 def plan_local(recipe: Recipe, count: int, run_id: str, runs_dir: str,
-               gpus_total: int, cpus_total: int, port: int) -> RunPlan:
+               gpus_total: int, cpus_total: int, port: int, program=None) -> RunPlan:
     """N node agents on this machine, GPUs split between them by CUDA_VISIBLE_DEVICES."""
     if gpus_total and gpus_total < count:
         raise LauncherError(
@@ -66,7 +66,7 @@ def plan_local(recipe: Recipe, count: int, run_id: str, runs_dir: str,
     root = Path(runs_dir).resolve() / run_id
     placements = {
         n.name: Placement(
-            python=sys.executable, trainer=trainer_path(), run_dir=str(root / n.name),
+            python=sys.executable, code_dir=code_dir(), run_dir=str(root / n.name),
             cwd=os.getcwd(), cpus=max(1, cpus_total // count),
             visible_gpus=tuple(range(i * per_node, (i + 1) * per_node)) if per_node else None,
         )
@@ -74,21 +74,29 @@ def plan_local(recipe: Recipe, count: int, run_id: str, runs_dir: str,
     }
     notes = (f"--local: rendezvous port {port} was free when planned (recipe port "
              f"{recipe.rendezvous.port} is for clusters)",)
-    return plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes)
+    return plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes,
+                    program=program)
+
+
+def execute_local(plan: RunPlan, runs_dir: str, grace_s: float = 5.0) -> dict:
+    """Runs a local plan to the end; returns the summary or raises RunFailed."""
+    from launcher.execute.local import LocalNodeProcess
+    from launcher.execute.runner import execute_plan
+
+    folder = RunFolder.create(runs_dir, plan.run_id)
+    procs = [LocalNodeProcess(cmd) for cmd in plan.nodes]
+    return execute_plan(plan, folder, procs, grace_s=grace_s)
 
 
 def run_local(args, recipe: Recipe, count: int, run_id: str) -> int:
-    from launcher.execute.local import LocalNodeProcess, free_port, local_gpu_count
-    from launcher.execute.runner import execute_plan
+    from launcher.execute.local import free_port, local_gpu_count
 
     plan = plan_local(recipe, count, run_id, args.runs_dir, local_gpu_count(),
                       os.cpu_count() or 1, free_port())
     if args.dry_run:
         print(plan.dumps() if args.json else plan.render())
         return 0
-    folder = RunFolder.create(args.runs_dir, run_id)
-    procs = [LocalNodeProcess(cmd) for cmd in plan.nodes]
-    execute_plan(plan, folder, procs, grace_s=args.grace)
+    execute_local(plan, args.runs_dir, args.grace)
     return 0
 
 

@@ -39,7 +39,7 @@ def cluster(n: int, gpus: int) -> list[Node]:
 
 
 def placements(nodes, cpus=None):
-    return {n.name: Placement(python=n.python, trainer="/srv/run/code/train/main.py",
+    return {n.name: Placement(python=n.python, code_dir="/srv/run/code",
                               run_dir=f"/srv/run/{n.name}", cpus=cpus) for n in nodes}
 
 
