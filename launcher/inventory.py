@@ -24,9 +24,11 @@ KNOWN_KEYS = {
     "ansible_ssh_private_key_file": "private key for SSH",
     "private_ip": "address ranks and the rendezvous use (default: ansible_host)",
     "gpus": "number of GPUs the node must have (0 for CPU nodes)",
+    "cpus": "cores launch may use on the node (default: all it reports; sets OMP_NUM_THREADS)",
     "launch_python": "interpreter with torch on the node (default: python3)",
     "launch_interface": "network interface that owns private_ip (found by preflight if unset)",
     "instance_type": "EC2 instance type, used for catalog facts in reports",
+    "launch_run_root": "folder for run folders on the node (default .launch/runs in the login dir)",
 }
 
 
@@ -41,9 +43,11 @@ class Node:
     user: str | None = None
     key_file: str | None = None
     gpus: int | None = None
+    cpus: int | None = None
     python: str = "python3"
     interface: str | None = None
     instance_type: str | None = None
+    run_root: str = ".launch/runs"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +99,7 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
     for key, value in (("ansible_host", address), ("private_ip", private)):
         if value.startswith("-") or any(c.isspace() for c in value):
             raise InventoryError(path, name, f"{key} {value!r} is not a host name or address")
-    gpus = hostvars.get("gpus")
+    gpus, cpus = hostvars.get("gpus"), hostvars.get("cpus")
     extra = {k: v for k, v in hostvars.items() if k not in KNOWN_KEYS}
     return Node(
         name=name,
@@ -105,9 +109,11 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
         user=hostvars.get("ansible_user"),
         key_file=hostvars.get("ansible_ssh_private_key_file"),
         gpus=None if gpus is None else _int(path, name, "gpus", gpus),
+        cpus=None if cpus is None else _int(path, name, "cpus", cpus) or None,
         python=str(hostvars.get("launch_python") or "python3"),
         interface=hostvars.get("launch_interface"),
         instance_type=hostvars.get("instance_type"),
+        run_root=str(hostvars.get("launch_run_root") or ".launch/runs"),
         extra=extra,
     )
 
@@ -163,12 +169,16 @@ def inventory_document(nodes: list[Node], common: dict[str, Any] | None = None) 
             hv["private_ip"] = node.private_address
         if node.gpus is not None:
             hv["gpus"] = node.gpus
+        if node.cpus is not None:
+            hv["cpus"] = node.cpus
         if node.python != "python3":
             hv["launch_python"] = node.python
         if node.interface:
             hv["launch_interface"] = node.interface
         if node.instance_type:
             hv["instance_type"] = node.instance_type
+        if node.run_root != ".launch/runs":
+            hv["launch_run_root"] = node.run_root
         hv.update(node.extra)
         hosts[node.name] = hv
     doc: dict[str, Any] = {"all": {"hosts": hosts}}

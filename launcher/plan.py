@@ -42,6 +42,7 @@ class NodeCommand:
     env: dict[str, str]
     run_dir: str
     cwd: str | None
+    instance_type: str | None = None  # from the inventory; run reports look up the catalog
 
     def shell_line(self) -> str:
         """What a person would type; also the one string a remote shell receives."""
@@ -53,7 +54,7 @@ class NodeCommand:
             "name": self.name, "address": self.address,
             "private_address": self.private_address, "is_head": self.is_head,
             "gpus": self.gpus, "argv": list(self.argv), "env": dict(self.env),
-            "run_dir": self.run_dir, "cwd": self.cwd,
+            "run_dir": self.run_dir, "cwd": self.cwd, "instance_type": self.instance_type,
         }
 
 
@@ -146,7 +147,9 @@ def resolve_nproc(recipe: Recipe, gpus: int) -> int:
 
 
 def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: int) -> dict:
-    env: dict[str, str] = {"LAUNCH_RUN_ID": run_id}
+    # PYTHONUNBUFFERED: torchrun re-prints its workers' lines on its own stdout, a pipe (or
+    # an SSH channel) that Python would otherwise flush only every 8 KB.
+    env: dict[str, str] = {"LAUNCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     if place.cpus:
         # Ranks sharing a node would otherwise each start one OpenMP thread per core and
         # oversubscribe it (measured: a CPU ViT step went from ~2.8 s to ~1.0 s).
@@ -213,7 +216,7 @@ def plan_run(
             name=node.name, address=node.address, private_address=node.private_address,
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),
             env=node_env(recipe, run_id, node, place, nproc), run_dir=place.run_dir,
-            cwd=place.cwd,
+            cwd=place.cwd, instance_type=node.instance_type,
         ))
     return RunPlan(
         run_id=run_id, recipe_name=recipe.name, recipe_source=recipe.source,

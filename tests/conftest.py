@@ -22,6 +22,19 @@ def launch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
+@pytest.fixture(scope="session")
+def demo_local_run(tmp_path_factory):
+    """The README's demo, run once with --local: (CompletedProcess, run folder). Shared by the
+    local-run test and the SSH test that must reach the same accuracy."""
+    cwd = tmp_path_factory.mktemp("demo-local")
+    proc = subprocess.run(
+        launch_cmd("run", "--local", "--nodes", "2", str(REPO / "recipes/vit-tiny-local.yml"),
+                   "--run-id", "demo"),
+        cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
+    )
+    return proc, cwd / "runs" / "demo"
+
+
 @pytest.fixture
 def run_launch(tmp_path):
     """Run the real CLI in a subprocess; returns CompletedProcess with text output."""

@@ -33,8 +33,14 @@ def register(sub) -> None:
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping nodes (default 5)")
+    p.add_argument("--rdzv-port", type=int,
+                   help="with -i: rendezvous port on the head (default: the recipe's)")
     p.add_argument("--accept-new-host-keys", action="store_true",
-                   help="with -i: record unknown SSH host keys (never accepts a changed key)")
+                   help="with -i: record unknown SSH host keys in known_hosts, like OpenSSH's "
+                   "accept-new (a changed key is always refused)")
+    p.add_argument("--known-hosts",
+                   help="with -i: known_hosts file (default: the inventory's "
+                   "UserKnownHostsFile, else ~/.ssh/known_hosts)")
     p.set_defaults(func=main)
 
 

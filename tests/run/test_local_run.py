@@ -14,11 +14,9 @@ from tests.run.conftest import run_pids, wait_for, worker_pid, write_recipe
 pytestmark = pytest.mark.slow
 
 
-def test_two_node_demo_trains_digits_to_90_percent(run_launch, repo_root, tmp_path):
-    proc = run_launch("run", "--local", "--nodes", "2", str(repo_root / "recipes/vit-tiny-local.yml"),
-                      "--run-id", "demo", timeout=400)
+def test_two_node_demo_trains_digits_to_90_percent(demo_local_run):
+    proc, run = demo_local_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "runs/demo"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "succeeded"
     assert summary["world_size"] == 2 and summary["nnodes"] == 2

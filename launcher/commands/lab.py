@@ -1,0 +1,37 @@
+"""`launch lab up|down`: rehearse a cluster on one Linux box (root): SSH hosts in network
+namespaces, with an inventory `launch run -i` and `launch setup` can use."""
+
+from __future__ import annotations
+
+from launcher.lab import Lab
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="a lab cluster of SSH hosts in network namespaces (root)",
+                       description=__doc__)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="create N hosts, each with its own address and sshd")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--dir", required=True, help="folder for keys, inventory, host state")
+    up.add_argument("--cap", help="limit every host's link, e.g. 200mbit (tc tbf)")
+    up.set_defaults(func=lab_up)
+    down = actions.add_parser("down", help="stop the hosts and remove everything the lab made")
+    down.add_argument("--dir", required=True)
+    down.set_defaults(func=lab_down)
+
+
+def lab_up(args) -> int:
+    lab = Lab.create(args.dir, args.hosts, cap=args.cap)
+    for host in lab.hosts:
+        print(f"{host.name}: {host.address} (netns {host.netns})")
+    print(f"inventory: {lab.inventory}")
+    print(f"try:       launch run recipes/vit-tiny-local.yml -i {lab.inventory} "
+          f"--nodes {len(lab.hosts)}")
+    print(f"remove:    launch lab down --dir {lab.dir}")
+    return 0
+
+
+def lab_down(args) -> int:
+    Lab.load(args.dir).destroy()
+    print(f"removed the lab in {args.dir}")
+    return 0

@@ -1,0 +1,182 @@
+"""Node agents on remote hosts over SSH (fabric): ship the code, start in its own session,
+stream, signal by recorded process group, fetch the node's files."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import queue
+import signal as signals
+import stat
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fabric import Connection
+
+from launcher.errors import LauncherError
+from launcher.inventory import Node
+from launcher.plan import NodeCommand
+from launcher.ssh import SshOptions, connect, remote
+
+PGID_FILE = "launch.pgid"
+# Runs in the node's run folder as its own session leader (setsid), so $$ is the process
+# group id every process of the node agent shares; recorded before torchrun replaces it.
+START_SCRIPT = 'cd "$1" || exit 97; shift; echo $$ > ' + PGID_FILE + '; exec "$@"'
+SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
+HASH_SCRIPT = r"""
+import hashlib, os, sys
+digest = hashlib.sha256()
+for rel in sys.argv[2:]:
+    digest.update(rel.encode() + b"\0")
+    with open(os.path.join(sys.argv[1], rel), "rb") as f:
+        digest.update(f.read() + b"\0")
+print(digest.hexdigest())
+"""
+
+
+def code_files(code_dir: Path) -> list[str]:
+    """What every node gets: the trainer package (relative paths, sorted)."""
+    return sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
+
+
+def content_hash(base: Path, files: list[str]) -> str:
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(rel.encode() + b"\0")
+        digest.update((base / rel).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def ship(conn: Connection, node: Node, node_dir: str, code_dir: Path, files: list[str],
+         recipe_file: Path | None) -> str:
+    """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml); returns the
+    hash of the code as the node itself reads it back."""
+    remote_code = posixpath.join(node_dir, "code")
+    dirs = sorted({posixpath.join(remote_code, posixpath.dirname(f)) for f in files})
+    conn.run(remote("mkdir", "-p", node_dir, *dirs), hide=True, in_stream=False)
+    for rel in files:
+        conn.put(str(code_dir / rel), posixpath.join(remote_code, rel))
+    if recipe_file is not None:
+        conn.put(str(recipe_file), posixpath.join(node_dir, "recipe.yml"))
+    result = conn.run(remote(node.python, "-c", HASH_SCRIPT, remote_code, *files), hide=True,
+                      warn=True, in_stream=False)
+    return result.stdout.strip()
+
+
+class _LineQueue:
+    """A file-like sink for fabric's output threads that hands out whole lines."""
+
+    def __init__(self, out: queue.Queue):
+        self.out, self.partial = out, ""
+
+    def write(self, data: str) -> None:
+        self.partial += data
+        *lines, self.partial = self.partial.split("\n")
+        for line in lines:
+            self.out.put(line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.partial:
+            self.out.put(self.partial)
+            self.partial = ""
+
+
+class SshNodeProcess:
+    def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions):
+        self.name = command.name
+        self.command, self.node, self.conn, self.options = command, node, conn, options
+        self.promise = None
+        self.exit_code: int | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._out = _LineQueue(self._lines)
+        self._err = _LineQueue(self._lines)
+
+    def start(self) -> None:
+        env = [f"{k}={v}" for k, v in self.command.env.items()]
+        line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
+                      self.command.cwd or ".", "env", *env, *self.command.argv)
+        self.promise = self.conn.run(line, asynchronous=True, hide=True, warn=True, pty=False,
+                                     in_stream=False, out_stream=self._out,
+                                     err_stream=self._err)
+
+    def lines(self) -> Iterator[str]:
+        while True:
+            try:
+                yield self._lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.exit_code is not None:
+                    self._out.close()
+                    self._err.close()
+                    while not self._lines.empty():
+                        yield self._lines.get()
+                    return
+
+    def poll(self) -> int | None:
+        if self.exit_code is not None or self.promise is None:
+            return self.exit_code
+        transport = self.conn.client.get_transport()
+        if self.promise.runner.process_is_finished:
+            try:
+                result = self.promise.join()
+                code = result.exited
+            except Exception as err:  # the channel died under fabric's feet
+                self._lines.put(f"[launch] SSH session to {self.node.address} failed: {err}")
+                code = 255
+            # paramiko reports -1 when the channel closed without an exit status.
+            self.exit_code = 255 if code in (-1, None) else code
+        elif transport is None or not transport.is_active():
+            self._lines.put(f"[launch] SSH connection to {self.node.address} dropped")
+            self.exit_code = 255
+        return self.exit_code
+
+    def signal(self, sig: int) -> None:
+        """Signal the node's process group by the id it recorded: never by name."""
+        name = signals.Signals(sig).name.removeprefix("SIG")
+        pgid_file = posixpath.join(self.command.cwd or ".", PGID_FILE)
+        line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
+        for attempt in range(2):
+            try:
+                conn = self.conn if attempt == 0 else connect(self.node, self.options)
+                conn.run(line, hide=True, warn=True, in_stream=False, timeout=15)
+                return
+            except Exception:  # the session's connection may be the thing that broke
+                continue
+
+
+def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
+               skip: tuple[str, ...] = ("code",)) -> list[Path]:
+    """Copy a remote folder (all but `skip`) into local_dir; returns the files written."""
+    sftp = conn.sftp()
+    written = []
+
+    def walk(rdir: str, ldir: Path):
+        for entry in sftp.listdir_attr(rdir):
+            rpath = posixpath.join(rdir, entry.filename)
+            if rdir == remote_dir and entry.filename in skip:
+                continue
+            if stat.S_ISDIR(entry.st_mode or 0):
+                walk(rpath, ldir / entry.filename)
+            elif stat.S_ISREG(entry.st_mode or 0):
+                ldir.mkdir(parents=True, exist_ok=True)
+                sftp.get(rpath, str(ldir / entry.filename))
+                written.append(ldir / entry.filename)
+
+    try:
+        walk(remote_dir, local_dir)
+    except OSError as err:
+        raise LauncherError(f"could not fetch {remote_dir} from {conn.host}: {err}") from None
+    return written
+
+
+def in_parallel(fn, items, max_workers: int = 32) -> dict:
+    """fn(item) for every item at once; returns {item: result or exception}."""
+    out = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items)))) as pool:
+        futures = {item: pool.submit(fn, item) for item in items}
+    for item, future in futures.items():
+        out[item] = future.exception() or future.result()
+    return out

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.lab import Lab, lab_unavailable_reason
+
+
+@pytest.fixture
+def lab(tmp_path_factory):
+    """Two SSH hosts in network namespaces, removed afterwards even when the test fails."""
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    built = Lab.create(tmp_path_factory.mktemp("lab") / "lab", hosts=2)
+    yield built
+    built.destroy()
+
+
+def run_env_pids(lab: Lab, host: str, run_id: str) -> list[int]:
+    """Processes on a lab host (its network namespace) that belong to the run."""
+    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+    found = []
+    for pid in lab.pids(host):
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def only_sshd_left(lab: Lab) -> dict[str, list[str]]:
+    """What runs on each host besides its sshd: must be nothing after a run ends."""
+    leftovers = {}
+    for host in lab.hosts:
+        others = []
+        for pid in lab.pids(host.name):
+            if pid == host.sshd_pid:
+                continue
+            try:
+                others.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                              .decode(errors="replace"))
+            except OSError:
+                continue
+        if others:
+            leftovers[host.name] = others
+    return leftovers
+
+
+def lab_worker_pid(lab: Lab, host: str, run_id: str) -> int | None:
+    for pid in run_env_pids(lab, host, run_id):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"torch.distributed.run" not in args and any(a.endswith(b"train/main.py") for a in args):
+            return pid
+    return None
+
+
+def edit_inventory(lab: Lab, directory: Path, **host_changes) -> Path:
+    """A copy of the lab inventory with per-host variables changed (host=dict)."""
+    data = yaml.safe_load(lab.inventory.read_text())
+    for host, changes in host_changes.items():
+        data["all"]["hosts"][host].update(changes)
+    path = directory / "inventory.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def make_venv_without_torch(directory: Path) -> str:
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(directory)], check=True)
+    return str(directory / "bin" / "python")
+
+
+def new_key(directory: Path) -> str:
+    key = directory / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return str(key)
+
+
+def remote_run_dirs(lab: Lab) -> list[str]:
+    root = lab.dir / "node-runs"
+    return sorted(os.listdir(root)) if root.exists() else []
