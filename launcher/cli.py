@@ -18,6 +18,10 @@ COMMANDS = [
     "run",
     "lab",
     "inspect",
+    "catalog",
+    "provision",
+    "teardown",
+    "status",
 ]
 
 

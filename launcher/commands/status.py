@@ -1,0 +1,29 @@
+"""`launch status`: clusters in the ledger and in AWS, uptime, cost so far, expiry."""
+
+from __future__ import annotations
+
+import argparse
+
+from botocore.exceptions import BotoCoreError
+
+from launcher.provision.aws import AwsError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "status", help="clusters launch made: nodes, uptime, cost so far, expired ones",
+        description="Lists clusters from the ledger ($LAUNCH_HOME) and, with AWS credentials, "
+                    "instances tagged by launch in the region (also ones no ledger here knows).")
+    p.add_argument("--region", help="AWS region to ask (default: your AWS configuration)")
+    p.add_argument("--all", action="store_true", help="include torn-down clusters")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.provision.status import status
+
+    try:
+        return status(args.region, as_json=args.json, show_all=args.all)
+    except BotoCoreError as err:
+        raise AwsError(f"AWS could not be reached or configured: {err}") from None
