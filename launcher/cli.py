@@ -20,6 +20,7 @@ COMMANDS = [
     "inspect",
     "catalog",
     "provision",
+    "setup",
     "teardown",
     "status",
 ]

@@ -1,0 +1,78 @@
+"""`launch setup -i INVENTORY [--check] [--tags ...] [--limit HOST] [-e VARS] [--cluster NAME]`:
+prepare nodes with Ansible (playbooks/site.yml, run by launcher.provision.setup)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import LauncherError
+
+HELP = """\
+Applies playbooks/site.yml to every host of an Ansible YAML inventory through ansible-runner:
+NVIDIA's CUDA repository keyring, the pinned driver branch (GPU nodes), libnccl2/libnccl-dev at
+the pinned version (held), the AWS EFA software (nodes with EFA devices), a Python virtual
+environment with pinned torch (/opt/launch/venv, the inventory's launch_python), nccl-tests
+(nodes with CUDA), and one facts JSON per node fetched to this machine.
+
+Each host/task result is printed as it arrives, then a summary per host and every failure
+with its task and message. The full log stays in $LAUNCH_HOME/setup/<timestamp>-*/.
+A second run on unchanged nodes changes nothing.
+
+Exit code: 0 when every host succeeded; Ansible's code otherwise (2: a host failed,
+4: a host was unreachable, 1: Ansible could not run, e.g. --limit matches no host).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from launcher.provision.setup import ROLE_TAGS
+
+    parser = subparsers.add_parser(
+        "setup", help="install drivers, NCCL, EFA, torch and nccl-tests on the inventory's nodes",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-i", "--inventory", required=True, type=Path, metavar="INVENTORY",
+                        help="Ansible YAML inventory (the one `launch run -i` reads)")
+    parser.add_argument("--check", action="store_true",
+                        help="Ansible's check mode: report what would change, change nothing")
+    parser.add_argument("--tags", nargs="+", metavar="TAG", default=[],
+                        help=f"only these roles (space or comma separated): {', '.join(ROLE_TAGS)}")
+    parser.add_argument("--limit", metavar="HOST",
+                        help="only these hosts (an Ansible host pattern, e.g. node0 or node0,node1)")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                        help="KEY=VALUE, or @FILE (a YAML/JSON mapping): role variables that "
+                             "override the inventory's, as Ansible's -e; repeatable")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="cluster whose facts folder receives the node facts "
+                             "(default: the inventory's launch_cluster, else next to the inventory)")
+    parser.set_defaults(func=run)
+
+
+def parse_extra_vars(values: list[str]) -> dict:
+    """-e values, later ones winning: KEY=VALUE (a string) or @FILE (a mapping)."""
+    merged: dict = {}
+    for value in values:
+        if value.startswith("@"):
+            path = value[1:]
+            try:
+                data = yaml.safe_load(Path(path).read_text())
+            except (OSError, yaml.YAMLError) as err:
+                raise LauncherError(f"-e {value}: cannot read {path}: {err}") from None
+            if not isinstance(data, dict):
+                raise LauncherError(f"-e {value}: {path} must hold a mapping of variables")
+            merged.update(data)
+        elif "=" in value and value.split("=", 1)[0].isidentifier():
+            key, _, text = value.partition("=")
+            merged[key] = text
+        else:
+            raise LauncherError(f"-e {value!r}: expected KEY=VALUE or @FILE")
+    return merged
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.provision.setup import run_setup
+
+    return run_setup(args.inventory, check=args.check, tags=args.tags, limit=args.limit,
+                     cluster=args.cluster, extra_vars=parse_extra_vars(args.extra_vars))
