@@ -29,6 +29,8 @@ KNOWN_KEYS = {
     "launch_interface": "network interface that owns private_ip (found by preflight if unset)",
     "instance_type": "EC2 instance type, used for catalog facts in reports",
     "launch_run_root": "folder for run folders on the node (default .launch/runs in the login dir)",
+    "launch_env_file": "KEY=VALUE file every rank gets (default /etc/launch/nccl.env, written "
+                       "by `launch setup` on EFA nodes)",
 }
 
 
@@ -48,6 +50,7 @@ class Node:
     interface: str | None = None
     instance_type: str | None = None
     run_root: str = ".launch/runs"
+    env_file: str = "/etc/launch/nccl.env"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +117,7 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
         interface=hostvars.get("launch_interface"),
         instance_type=hostvars.get("instance_type"),
         run_root=str(hostvars.get("launch_run_root") or ".launch/runs"),
+        env_file=str(hostvars.get("launch_env_file") or "/etc/launch/nccl.env"),
         extra=extra,
     )
 
@@ -179,6 +183,8 @@ def inventory_document(nodes: list[Node], common: dict[str, Any] | None = None) 
             hv["instance_type"] = node.instance_type
         if node.run_root != ".launch/runs":
             hv["launch_run_root"] = node.run_root
+        if node.env_file != "/etc/launch/nccl.env":
+            hv["launch_env_file"] = node.env_file
         hv.update(node.extra)
         hosts[node.name] = hv
     doc: dict[str, Any] = {"all": {"hosts": hosts}}

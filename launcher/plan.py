@@ -126,8 +126,9 @@ def trainer_args(recipe: Recipe, out_dir: str) -> list[str]:
         args.append("--static-graph")
     if d.gradient_as_bucket_view:
         args.append("--gradient-as-bucket-view")
-    args += ["--bucket-cap-mb", repr(d.bucket_cap_mb), "--comm-hook", d.comm_hook]
-    if d.comm_hook == "powersgd":
+    bucket = d.bucket_cap_mb if d.bucket_cap_mb == "auto" else repr(d.bucket_cap_mb)
+    args += ["--bucket-cap-mb", bucket, "--comm-hook", d.comm_hook]
+    if d.comm_hook in ("powersgd", "auto"):
         p = d.powersgd
         args += ["--powersgd-rank", str(p.rank), "--powersgd-start-iter", str(p.start_iter),
                  "--powersgd-warm-start" if p.warm_start else "--no-powersgd-warm-start",
@@ -149,7 +150,8 @@ def resolve_nproc(recipe: Recipe, gpus: int) -> int:
 def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: int) -> dict:
     # PYTHONUNBUFFERED: torchrun re-prints its workers' lines on its own stdout, a pipe (or
     # an SSH channel) that Python would otherwise flush only every 8 KB.
-    env: dict[str, str] = {"LAUNCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    env: dict[str, str] = {"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": node.name,
+                           "PYTHONUNBUFFERED": "1"}
     if place.cpus:
         # Ranks sharing a node would otherwise each start one OpenMP thread per core and
         # oversubscribe it (measured: a CPU ViT step went from ~2.8 s to ~1.0 s).

@@ -19,11 +19,25 @@ from launcher.inventory import Node
 from launcher.recipe import Recipe, check_recipe_for_hardware
 from launcher.ssh import HostProblem, SshOptions, connect, remote
 
-# Runs on the node with its own interpreter; argv: private address, port to test (0: none).
+# Runs on the node with its own interpreter; argv: private address, port to test (0: none),
+# the node's env file (what `launch setup`, role efa, writes for NCCL on EFA nodes: KEY=VALUE
+# lines, no expansion; LD_LIBRARY_PATH goes in front of the node's own).
 PROBE = r"""
 import json, os, socket, subprocess, sys
-addr, port = sys.argv[1], int(sys.argv[2])
+addr, port, env_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname()}
+env = {}
+try:
+    with open(env_file) as f:
+        for line in f:
+            key, sep, value = line.strip().partition("=")
+            if sep and key and not key.startswith("#"):
+                env[key] = value
+except OSError:
+    pass
+if env.get("LD_LIBRARY_PATH") and os.environ.get("LD_LIBRARY_PATH"):
+    env["LD_LIBRARY_PATH"] += ":" + os.environ["LD_LIBRARY_PATH"]
+out["env"] = env
 try:
     import torch
     out["torch"] = torch.__version__
@@ -64,6 +78,7 @@ class NodeFacts:
     cpus: int
     interface: str | None
     hostname: str
+    env: dict[str, str]          # from NODE_ENV_FILE (EFA/libfabric settings), else empty
 
 
 class PreflightFailed(LauncherError):
@@ -75,7 +90,8 @@ class PreflightFailed(LauncherError):
 
 
 def probe(conn: Connection, node: Node, port: int) -> dict:
-    result = conn.run(remote(node.python, "-c", PROBE, node.private_address, str(port)),
+    result = conn.run(remote(node.python, "-c", PROBE, node.private_address, str(port),
+                             node.env_file),
                       hide=True, warn=True, in_stream=False, timeout=120)
     for line in result.stdout.splitlines():
         if line.startswith("LAUNCH-PROBE "):
@@ -149,7 +165,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions,
     facts = {
         name: NodeFacts(torch=f["torch"], cuda=f.get("cuda"), gpus=f.get("gpus", 0),
                         cpus=f.get("cpus") or 1, interface=f.get("interface"),
-                        hostname=f.get("hostname", name))
+                        hostname=f.get("hostname", name), env=f.get("env") or {})
         for name, f in raw.items()
     }
     return conns, facts

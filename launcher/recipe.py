@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from launcher.errors import RecipeError
 
-MODELS = ("vit_tiny", "vit_s16", "vit_b16")
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+# (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
+# must not import torch (a second of start-up for every command).
+VIT_WIDTH_HEADS = {"vit_tiny": (192, 3), "vit_s16": (384, 6), "vit_b16": (768, 12)}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -77,9 +78,26 @@ class PowerSGD(_Strict):
 class DDP(_Strict):
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
-    bucket_cap_mb: float = Field(25.0, gt=0)
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    # auto: the trainer times all-reduces on the real process group before building DDP and
+    # picks the bucket size from the measured latency and bandwidth (train/ddp.py).
+    bucket_cap_mb: float | Literal["auto"] = 25.0
+    # auto: plain all-reduce first while the trainer measures how long it waits on
+    # communication; PowerSGD (the powersgd block's rank) only if a trial shows it pays.
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "auto"] = "none"
     powersgd: PowerSGD = PowerSGD()
+
+    @field_validator("bucket_cap_mb", mode="before")
+    @classmethod
+    def _bucket(cls, value: Any) -> float | str:
+        if value == "auto":
+            return value
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = 0.0
+        if isinstance(value, bool) or number <= 0:
+            raise ValueError(f"expected a size in MiB > 0 or 'auto' (got {value!r})")
+        return number
 
 
 class Recipe(_Strict):
@@ -146,8 +164,7 @@ def _combination_errors(recipe: Recipe) -> list[tuple[str, str]]:
     if t.image_size % t.patch_size:
         problems.append(("train.patch_size",
                          f"{t.patch_size} does not divide train.image_size {t.image_size}"))
-    width, heads = t.width or {"vit_tiny": 192, "vit_s16": 384, "vit_b16": 768}[t.model], \
-        t.heads or {"vit_tiny": 3, "vit_s16": 6, "vit_b16": 12}[t.model]
+    width, heads = t.width or VIT_WIDTH_HEADS[t.model][0], t.heads or VIT_WIDTH_HEADS[t.model][1]
     if width % heads:
         problems.append(("train.heads", f"{heads} does not divide the model width {width}"))
     return problems

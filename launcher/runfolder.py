@@ -8,6 +8,9 @@
       <node>/torchrun/    torchrun's per-rank stdout/stderr files
       <node>/nccl-debug.<host>.<pid>.log   NCCL_DEBUG=INFO output, one file per rank
       <node>/result.json  the trainer's final numbers (on the node that held rank 0)
+      code.json           (-i runs) the hash of the code every node ran
+      report.md/.json     interconnect, transports, bus bandwidth, communication share, advice
+      bandwidth.*         (launch bench) the sweep as a table, JSON and a plot
 """
 
 from __future__ import annotations

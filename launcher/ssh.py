@@ -69,6 +69,10 @@ class SshOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
 
+    @classmethod
+    def from_args(cls, args) -> SshOptions:
+        return cls(known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys)
+
 
 def connect(node: Node, options: SshOptions) -> Connection:
     """An open fabric Connection to the node, or HostProblem saying what went wrong."""

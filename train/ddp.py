@@ -1,16 +1,24 @@
-"""DistributedDataParallel built from the recipe's `ddp` block, with its communication hook."""
+"""DistributedDataParallel built from the recipe's `ddp` block, with its communication hook,
+and the measured choices behind `comm_hook: auto` and `bucket_cap_mb: auto`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "auto")
+AUTO = "auto"
+# PowerSGD all-reduces plainly while state.iter < start_powerSGD_iter: "never" until auto
+# decides otherwise. (A constructor check wants > 1 when error feedback is on.)
+NEVER = 2**62
 
 
 @dataclass(frozen=True)
@@ -25,8 +33,54 @@ class DDPSettings:
     powersgd_error_feedback: bool = True
 
 
+class OneBucketAtATime:
+    """Runs a comm hook for one bucket only after the previous bucket's hook has finished.
+
+    PowerSGD issues two more all-reduces per bucket from its futures' callbacks. NCCL runs
+    those callbacks in issue order on the calling thread; gloo runs them on its worker
+    threads as work completes, so with several buckets the ranks issued their collectives in
+    different orders and gloo aborted ("Received data size doesn't match expected size",
+    seen here on a 2-host run with 1 MiB buckets). Chaining buckets makes the order the same
+    on every rank. Gloo on CPU barely overlaps buckets anyway, so little is lost.
+    """
+
+    def __init__(self, hook):
+        self.hook = hook
+        # DDP reads both names (its logger; its bf16 check).
+        self.__name__ = self.__qualname__ = hook.__name__
+        self._tail: torch.futures.Future | None = None
+
+    # No annotations: DDP compares them against the real classes, and this module's
+    # `from __future__ import annotations` would turn them into strings.
+    def __call__(self, state, bucket):
+        previous = self._tail
+        if previous is None or previous.done():
+            fut = self.hook(state, bucket)
+        else:
+            fut = torch.futures.Future()
+
+            def start(_done):
+                try:
+                    inner = self.hook(state, bucket)
+                except Exception as err:  # surface it to DDP instead of losing it in a thread
+                    fut.set_exception(err)
+                    return
+
+                def forward(result):
+                    try:
+                        fut.set_result(result.value())
+                    except Exception as err:
+                        fut.set_exception(err)
+
+                inner.add_done_callback(forward)
+
+            previous.add_done_callback(start)
+        self._tail = fut
+        return fut
+
+
 def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> tuple[DDP, Any]:
-    """Returns the DDP module and the hook's state (PowerSGDState for powersgd, else None)."""
+    """Returns the DDP module and the hook's state (PowerSGDState for powersgd and auto)."""
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = DDP(
         model,
@@ -40,15 +94,152 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif settings.comm_hook == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif settings.comm_hook == "powersgd":
+    elif settings.comm_hook in ("powersgd", AUTO):
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=settings.powersgd_rank,
-            start_powerSGD_iter=settings.powersgd_start_iter,
+            start_powerSGD_iter=NEVER if settings.comm_hook == AUTO
+            else settings.powersgd_start_iter,
             use_error_feedback=settings.powersgd_error_feedback,
             warm_start=settings.powersgd_warm_start,
         )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        hook = powerSGD_hook.powerSGD_hook
+        ddp.register_comm_hook(state, hook if device.type == "cuda" else OneBucketAtATime(hook))
     elif settings.comm_hook != "none":
         raise ValueError(f"unknown comm_hook {settings.comm_hook!r}; expected one of {COMM_HOOKS}")
     return ddp, state
+
+
+# ---- bucket_cap_mb: auto ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkProbe:
+    """All-reduce cost model t(S) = latency + S / bandwidth, fitted on this process group."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    small_bytes: int
+    large_bytes: int
+    small_s: float
+    large_s: float
+
+
+def probe_link(device: torch.device, small: int = 1 << 14, large: int = 1 << 22,
+               iters: int = 5) -> LinkProbe:
+    """Times all-reduces of two sizes on the real process group (every rank takes part).
+    Medians, reduced with MAX across ranks, so every rank fits the same numbers."""
+    times = []
+    for size in (small, large):
+        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+        samples = []
+        for i in range(iters + 2):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= 2:  # the first calls set up connections
+                samples.append(time.perf_counter() - t0)
+        times.append(statistics.median(samples))
+    agreed = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    t_small, t_large = agreed.tolist()
+    per_byte = max((t_large - t_small) / (large - small), 1e-12)
+    latency = max(t_small - small * per_byte, 0.0)
+    return LinkProbe(latency, 1.0 / per_byte, small, large, t_small, t_large)
+
+
+def choose_bucket_cap_mb(probe: LinkProbe, gradient_bytes: int) -> float:
+    """A quarter of the gradients: four buckets, so the first all-reduce starts early in the
+    backward pass, and few calls, which matters once compression makes each call small (with
+    1 MiB buckets PowerSGD's three chained calls per bucket made auto 35% slower than
+    PowerSGD with 5 MiB buckets on a capped link). Raised where the link's fixed per-call
+    cost would exceed 5% of a bucket's transfer time. Between 1 and 256 MiB."""
+    latency_floor = 20.0 * probe.latency_s * probe.bandwidth_bytes_per_s
+    chosen = min(max(gradient_bytes / 4, latency_floor, 1 << 20), 256 << 20)
+    return round(chosen / (1 << 20), 2)
+
+
+# ---- comm_hook: auto ----------------------------------------------------------------------
+
+
+@dataclass
+class AutoDecision:
+    choice: str                   # "powersgd" or "none"
+    reason: str
+    decided_at_step: int
+    comm_share: float             # exposed communication wait / step time, plain all-reduce
+    allreduce_step_s: float       # median step time with plain all-reduce
+    powersgd_step_s: float | None  # median step time in the PowerSGD trial (None: no trial)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class AutoCompression:
+    """`comm_hook: auto`: measure, then compress only if it pays.
+
+    The PowerSGD hook is registered from the start but all-reduces plainly (PowerSGD's own
+    warm-up, start_powerSGD_iter = never). Phase 1: `window` steps of plain all-reduce, timing
+    the step and the exposed communication wait (train/commtime.py). If communication is
+    under `min_share` of the step, nothing can be gained: stay. Otherwise phase 2: `window`
+    steps with PowerSGD switched on; keep it only if its median step is at least `min_gain`
+    faster, else switch back (the error-feedback residual is simply dropped). Every number is
+    reduced across ranks first, so all ranks make the same choice.
+    """
+
+    def __init__(self, state, window: int = 6, skip: int = 2, min_share: float = 0.15,
+                 min_gain: float = 0.10):
+        self.state, self.window, self.skip = state, window, skip
+        self.min_share, self.min_gain = min_share, min_gain
+        self.decision: AutoDecision | None = None
+        self._trial_from: int | None = None
+        self._share = self._allreduce_s = 0.0
+
+    def _agree(self, values: list[float], device) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return (t / dist.get_world_size()).tolist()
+
+    def observe(self, steps, device) -> AutoDecision | None:
+        """Call after every step with the CommTimer's steps; returns the decision once."""
+        if self.decision is not None:
+            return None
+        done = len(steps)
+        if self._trial_from is None:
+            if done < self.skip + self.window:
+                return None
+            plain = steps[self.skip:self.skip + self.window]
+            wait, total, median = self._agree(
+                [sum(s.comm_wait_s for s in plain), sum(s.step_time_s for s in plain),
+                 statistics.median(s.step_time_s for s in plain)], device)
+            self._share, self._allreduce_s = wait / total if total else 0.0, median
+            if self._share < self.min_share:
+                return self._decide("none", done, None,
+                                    f"communication is {self._share:.0%} of the step "
+                                    f"(< {self.min_share:.0%}): nothing to gain")
+            self._trial_from = done
+            self.state.start_powerSGD_iter = self.state.iter + 1
+            return None
+        # The trial's first step allocates PowerSGD's matrices: not representative.
+        if done < self._trial_from + 1 + self.window:
+            return None
+        trial = steps[self._trial_from + 1:self._trial_from + 1 + self.window]
+        (psgd_s,) = self._agree([statistics.median(s.step_time_s for s in trial)], device)
+        gain = 1.0 - psgd_s / self._allreduce_s if self._allreduce_s else 0.0
+        if gain >= self.min_gain:
+            return self._decide("powersgd", done, psgd_s,
+                                f"communication is {self._share:.0%} of the step; PowerSGD "
+                                f"steps are {gain:.0%} faster")
+        self.state.start_powerSGD_iter = NEVER
+        return self._decide("none", done, psgd_s,
+                            f"communication is {self._share:.0%} of the step but PowerSGD "
+                            f"steps are only {gain:.0%} faster (< {self.min_gain:.0%})")
+
+    def _decide(self, choice: str, step: int, psgd_s: float | None, reason: str) -> AutoDecision:
+        self.decision = AutoDecision(choice, reason, step, round(self._share, 4),
+                                     round(self._allreduce_s, 6),
+                                     None if psgd_s is None else round(psgd_s, 6))
+        return self.decision

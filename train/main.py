@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import math
 import os
@@ -27,8 +28,10 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 # Run as a script (torchrun's entrypoint): make `train.*` importable from the shipped folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from train.commtime import CommTimer, summarize  # noqa: E402
 from train.data import load_dataset  # noqa: E402
-from train.ddp import COMM_HOOKS, DDPSettings, wrap_ddp  # noqa: E402
+from train.ddp import (AUTO, COMM_HOOKS, AutoCompression, DDPSettings,  # noqa: E402
+                       choose_bucket_cap_mb, probe_link, wrap_ddp)
 from train.model import VIT_SIZES, build_vit, count_parameters  # noqa: E402
 
 WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
@@ -47,6 +50,10 @@ def die_with_parent() -> None:
         return
     if os.getppid() != parent:  # the agent died before prctl took effect
         os._exit(1)
+
+
+def bucket_cap(value: str) -> float | str:
+    return value if value == AUTO else float(value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--gradient-as-bucket-view", action="store_true")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--bucket-cap-mb", type=bucket_cap, default=25.0,
+                   help="MiB, or auto: chosen from all-reduce timings on the process group")
     p.add_argument("--comm-hook", choices=COMM_HOOKS, default="none")
     p.add_argument("--powersgd-rank", type=int, default=1)
     p.add_argument("--powersgd-start-iter", type=int, default=10)
@@ -112,18 +120,51 @@ def evaluate(model, held_out, batch_size: int, device, rank: int, world: int, au
     return (correct[0] / correct[1]).item() if correct[1] > 0 else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    die_with_parent()
-    args = parse_args(argv)
+def init_distributed(backend: str) -> tuple[str, torch.device, int]:
+    """Joins the process group torchrun set up: NCCL on this rank's GPU, else gloo on CPU
+    (`auto`). Returns the backend, the device and the local rank."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
-    backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    backend = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend)
+    return backend, device, local_rank
+
+
+class InterfaceCounter:
+    """Bytes this node sent on the interface its ranks talk over (GLOO/NCCL_SOCKET_IFNAME),
+    from the kernel's counter: what really crossed the wire, compression and all."""
+
+    def __init__(self):
+        iface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+        self.path = Path(f"/sys/class/net/{iface}/statistics/tx_bytes") if iface else None
+        self.start: tuple[int, int] | None = None
+        self.per_step: float | None = None
+
+    def _read(self) -> int | None:
+        try:
+            return int(self.path.read_text()) if self.path else None
+        except (OSError, ValueError):
+            return None
+
+    def mark_start(self, step: int) -> None:
+        value = self._read()
+        self.start = None if value is None else (step, value)
+
+    def mark_end(self, step: int) -> None:
+        value = self._read()
+        if self.start and value is not None and step > self.start[0]:
+            self.per_step = (value - self.start[1]) / (step - self.start[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    args = parse_args(argv)
+    backend, device, local_rank = init_distributed(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} on {socket.gethostname()}: backend {backend}, device {device}",
           flush=True)
@@ -133,6 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     model = build_vit(args.model, args.image_size, args.patch_size, data.in_channels,
                       data.num_classes, depth=args.depth, width=args.width,
                       heads=args.heads).to(device)
+    link = None
+    if args.bucket_cap_mb == AUTO:
+        link = probe_link(device)
+        gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        args.bucket_cap_mb = choose_bucket_cap_mb(link, gradient_bytes)
+        if rank == 0:
+            print(f"bucket_cap_mb auto: all-reduce latency {link.latency_s * 1e3:.2f} ms, "
+                  f"bandwidth {link.bandwidth_bytes_per_s / 1e6:.1f} MB/s, "
+                  f"{gradient_bytes / 2**20:.1f} MiB of gradients -> {args.bucket_cap_mb} MiB "
+                  "buckets", flush=True)
     settings = DDPSettings(
         static_graph=args.static_graph, gradient_as_bucket_view=args.gradient_as_bucket_view,
         bucket_cap_mb=args.bucket_cap_mb, comm_hook=args.comm_hook,
@@ -141,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         powersgd_error_feedback=args.powersgd_error_feedback,
     )
     ddp, hook_state = wrap_ddp(model, settings, device)
+    comm = CommTimer(ddp.module, device)
+    auto = AutoCompression(hook_state) if settings.comm_hook == AUTO else None
+    sent = InterfaceCounter()
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
@@ -193,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     with autocast():
                         loss = F.cross_entropy(ddp(images), labels) / args.grad_accum_steps
                     loss.backward()
+                if sync:
+                    comm.backward_done()
                 loss_sum += loss.item()
             optimizer.step()
             if device.type == "cuda":
@@ -200,6 +256,18 @@ def main(argv: list[str] | None = None) -> int:
             dt = time.perf_counter() - t0
             step += 1
             step_times.append(dt)
+            comm.step_done(dt)
+            if step == max(WARMUP_STEPS_EXCLUDED, total // 2):
+                # Bytes per step in steady state: after compression warm-up and auto's choice.
+                sent.mark_start(step)
+            decision = auto.observe(comm.steps, device) if auto else None
+            if decision and rank == 0:
+                print(f"comm_hook auto: {decision.choice} from step {decision.decided_at_step + 1}"
+                      f" ({decision.reason}; plain all-reduce step "
+                      f"{decision.allreduce_step_s:.3f}s"
+                      + ("" if decision.powersgd_step_s is None
+                         else f", PowerSGD step {decision.powersgd_step_s:.3f}s") + ")",
+                      flush=True)
             last_loss = loss_sum
             window_loss, window_time, window_n = window_loss + loss_sum, window_time + dt, window_n + 1
             if rank == 0 and (step % args.log_every == 0 or step == total):
@@ -209,15 +277,23 @@ def main(argv: list[str] | None = None) -> int:
                     "step_time_s": round(window_time / window_n, 6),
                     "images_per_sec": round(images_per_step * window_n / window_time, 3),
                     "time_s": round(time.perf_counter() - started, 3),
+                    **summarize(comm.steps[-window_n:]),
                 }
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 print(f"step {step}/{total} epoch {epoch} loss {record['loss']:.4f} "
                       f"lr {record['lr']:.2e} step_time {record['step_time_s']:.3f}s "
-                      f"{record['images_per_sec']:.1f} img/s", flush=True)
+                      f"{record['images_per_sec']:.1f} img/s, waiting on communication "
+                      f"{record['comm_share']:.0%}", flush=True)
                 window_loss, window_time, window_n = 0.0, 0.0, 0
         epoch += 1
     train_time = time.perf_counter() - started
+    sent.mark_end(step)
+    # Every node reports its own counter (local rank 0 speaks for the node).
+    node = os.environ.get("LAUNCH_NODE") or socket.gethostname()
+    sent_by_node: list = [None] * world
+    dist.all_gather_object(sent_by_node, (node, sent.per_step) if local_rank == 0 else None)
+    tx_per_step = {n: round(b) for n, b in filter(None, sent_by_node) if b is not None}
 
     final = torch.tensor([last_loss], dtype=torch.float64, device=device)
     dist.all_reduce(final)
@@ -237,8 +313,16 @@ def main(argv: list[str] | None = None) -> int:
             "images_per_sec": round(images_per_step / median_step, 3),
             "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
             "ddp": settings.__dict__,
+            **summarize(comm.steps[WARMUP_STEPS_EXCLUDED:] or comm.steps),
         }
-        if hook_state is not None:
+        if tx_per_step:
+            result["tx_bytes_per_step"] = tx_per_step
+        if link is not None:
+            result["link_probe"] = link.__dict__
+        if auto is not None:
+            result["auto"] = auto.decision.to_json() if auto.decision else None
+        if hook_state is not None and (auto is None or (auto.decision and
+                                                        auto.decision.choice == "powersgd")):
             result["powersgd_compression_rate"] = hook_state.compression_stats()[0]
         if args.save_model:
             torch.save(ddp.module.state_dict(), out_dir / "model.pt")
@@ -247,8 +331,20 @@ def main(argv: list[str] | None = None) -> int:
         acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
         print(f"done: {step} steps in {train_time:.1f}s, final loss {final_loss:.4f}, "
               f"held-out accuracy {acc}, {result['images_per_sec']:.1f} img/s", flush=True)
-    dist.destroy_process_group()
+    # DDP's reducer and the hook states hold the process group: drop them first, or
+    # destroy_process_group() leaves it (and gloo's worker threads) to be torn down during
+    # interpreter finalization, where gloo aborted one rank in ~1 of 20 runs here
+    # ("terminate called without an active exception") after the other had finished.
+    del ddp, hook_state, auto
+    shutdown()
     return 0
+
+
+def shutdown() -> None:
+    """Leave together, then free the process group while the interpreter is whole."""
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from launcher.commands.common import add_ssh_arguments
 from launcher.errors import LauncherError
 from launcher.inventory import local_nodes
 from launcher.plan import Placement, RunPlan, plan_run
@@ -35,12 +36,7 @@ def register(sub) -> None:
                    help="seconds between SIGTERM and SIGKILL when stopping nodes (default 5)")
     p.add_argument("--rdzv-port", type=int,
                    help="with -i: rendezvous port on the head (default: the recipe's)")
-    p.add_argument("--accept-new-host-keys", action="store_true",
-                   help="with -i: record unknown SSH host keys in known_hosts, like OpenSSH's "
-                   "accept-new (a changed key is always refused)")
-    p.add_argument("--known-hosts",
-                   help="with -i: known_hosts file (default: the inventory's "
-                   "UserKnownHostsFile, else ~/.ssh/known_hosts)")
+    add_ssh_arguments(p)
     p.set_defaults(func=main)
 
 

@@ -36,12 +36,16 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
                          interface=n.interface or facts[n.name].interface) for n in nodes]
     else:
         notes.append("dry run: no connection made; preflight fills in each node's network "
-                     "interface (GLOO/NCCL_SOCKET_IFNAME), cores (OMP_NUM_THREADS) and GPUs")
+                     "interface (GLOO/NCCL_SOCKET_IFNAME), cores (OMP_NUM_THREADS), GPUs and "
+                     "the settings in /etc/launch/nccl.env that `launch setup` writes on EFA "
+                     "nodes")
     notes.append("each node runs in its own folder (cwd); paths in its command are relative")
     placements = {
         n.name: Placement(python=n.python, code_dir="code", run_dir=".",
                           cwd=node_run_dir(n, run_id),
-                          cpus=n.cpus or (facts[n.name].cpus if facts else None))
+                          cpus=n.cpus or (facts[n.name].cpus if facts else None),
+                          # launch_env_file (from `launch setup`); the recipe's env wins.
+                          extra_env=facts[n.name].env if facts else {})
         for n in nodes
     }
     return plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
@@ -112,8 +116,7 @@ def run_inventory(args, recipe: Recipe, count: int, run_id: str) -> int:
         plan = plan_inventory(recipe, nodes, run_id, rdzv_port=args.rdzv_port)
         print(plan.dumps() if args.json else plan.render())
         return 0
-    options = SshOptions(known_hosts=args.known_hosts,
-                         accept_new_host_keys=args.accept_new_host_keys)
+    options = SshOptions.from_args(args)
     launch_on_inventory(recipe, nodes, run_id, args.runs_dir, options,
                         rdzv_port=args.rdzv_port, grace_s=args.grace, recipe_file=recipe.source)
     return 0

@@ -56,8 +56,31 @@ class LocalNodeProcess:
             pass
 
     def reap_group(self) -> None:
-        """After the agent is gone, make sure nothing of its group outlives the run."""
-        self.signal(signal.SIGKILL)
+        """After the agent is gone, make sure nothing of it outlives the run: every process
+        that carries this run's LAUNCH_RUN_ID (stamped by launch into the agent's environment
+        and inherited by its workers, whatever session they moved to). Never by name."""
+        run_id = self.command.env.get("LAUNCH_RUN_ID")
+        if run_id:
+            for pid in pids_with_env("LAUNCH_RUN_ID", run_id):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Processes of this user whose environment has key=value."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:

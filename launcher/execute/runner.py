@@ -45,7 +45,12 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "final_loss": result.get("final_loss"),
         "eval_accuracy": result.get("eval_accuracy"),
         "train_time_s": result.get("train_time_s"),
+        "comm_share": result.get("comm_share"),
+        "comm_wait_s": result.get("comm_wait_s"),
+        "compute_s": result.get("compute_s"),
+        "tx_bytes_per_step": result.get("tx_bytes_per_step"),
         "ddp": result.get("ddp"),
+        "auto": result.get("auto"),
         "started_at": started,
         "finished_at": finished,
         "duration_s": round(outcome.duration_s, 3),
@@ -86,14 +91,21 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     tails = {n.name: router.tail(n.name, 20) for n in plan.nodes}
     summary = build_summary(plan, outcome, folder, started, _now(), tails)
     folder.write_json("summary.json", summary)
+    try:  # the import too: a report bug, however deep, must never hide the run's outcome
+        from launcher.nccl.report import print_run_report
+
+        print_run_report(folder.root)
+    except Exception as err:  # noqa: BLE001
+        display.message(f"warning: no run report ({type(err).__name__}: {err}); "
+                        f"`launch report {folder.root}` retries it")
     if outcome.status == "succeeded":
         acc = summary["eval_accuracy"]
-        display.message(
-            f"run {plan.run_id} succeeded: {summary['steps']} steps, final loss "
-            f"{summary['final_loss']}, {summary['images_per_sec']} img/s"
-            + (f", held-out accuracy {acc:.4f}" if acc is not None else "")
-            + f"; summary in {folder.root / 'summary.json'}"
-        )
+        trained = "" if summary["steps"] is None else (
+            f": {summary['steps']} steps, final loss {summary['final_loss']}, "
+            f"{summary['images_per_sec']} img/s"
+            + (f", held-out accuracy {acc:.4f}" if acc is not None else ""))
+        display.message(f"run {plan.run_id} succeeded{trained}; summary in "
+                        f"{folder.root / 'summary.json'}")
         return summary
     failed = outcome.first_failure
     lines = [f"run {plan.run_id} {outcome.status}: {outcome.reason}."]

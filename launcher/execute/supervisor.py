@@ -33,9 +33,12 @@ class NodeExit:
     name: str
     exit_code: int | None = None
     stopped_by_launch: bool = False
+    started: bool = True
 
     @property
     def status(self) -> str:
+        if not self.started:
+            return "not started"
         if self.exit_code == 0:
             return "succeeded"
         if self.stopped_by_launch:
@@ -120,18 +123,19 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 p.signal(signal.SIGTERM)
 
     with _StopRequest() as request:
-        started: list[NodeProcess] = []
-        try:
-            for p in procs:
+        for p in procs:
+            try:
                 p.start()
-                started.append(p)
-                t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
-                t.start()
-                readers.append(t)
-        except BaseException:
-            for p in started:
-                p.signal(signal.SIGKILL)
-            raise
+            except Exception as err:  # e.g. the SSH channel could not be opened
+                first_failure, status = p.name, "failed"
+                reason = f"node {p.name} could not be started: {err}"
+                for never in procs[procs.index(p):]:
+                    exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
+                begin_stop(f"{reason}; stopping the nodes already started")
+                break
+            t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
+            t.start()
+            readers.append(t)
         while any(e.exit_code is None for e in exits.values()):
             time.sleep(poll_s)
             for p in procs:

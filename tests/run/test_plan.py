@@ -56,7 +56,7 @@ def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
 
 
 def expected_env(node_index: int, omp: str | None) -> dict[str, str]:
-    env = {"LAUNCH_RUN_ID": "run-7", "PYTHONUNBUFFERED": "1"}
+    env = {"LAUNCH_RUN_ID": "run-7", "LAUNCH_NODE": f"gpu{node_index}", "PYTHONUNBUFFERED": "1"}
     if omp:
         env["OMP_NUM_THREADS"] = omp
     env.update({

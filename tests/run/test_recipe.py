@@ -58,6 +58,8 @@ CASES = [
     (with_(train__patch_size=3), "train.patch_size", "does not divide"),
     (with_(train__epochs=2), "train", "exactly one of steps or epochs"),
     (with_(name="my run"), "name", "letters"),
+    (with_(ddp__bucket_cap_mb=0), "ddp.bucket_cap_mb", "'auto'"),
+    (with_(ddp__bucket_cap_mb="huge"), "ddp.bucket_cap_mb", "size in MiB"),
 ]
 
 
@@ -126,6 +128,11 @@ def test_bf16_hook_refused_before_start_on_cpu_nodes(run_launch, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_auto_settings_load(tmp_path):
+    recipe = load_recipe(write(tmp_path, with_(ddp__comm_hook="auto", ddp__bucket_cap_mb="auto")))
+    assert (recipe.ddp.comm_hook, recipe.ddp.bucket_cap_mb) == ("auto", "auto")
+
+
 def test_bf16_hook_refused_for_inventory_without_gpus():
     from launcher.recipe import check_recipe_for_hardware, recipe_from_mapping
 
@@ -141,6 +148,13 @@ def test_nproc_more_than_gpus_refused():
     recipe = recipe_from_mapping(with_(nproc_per_node=8), "r.yml")
     with pytest.raises(RecipeError, match="nproc_per_node: is 8 but a node has only 4"):
         check_recipe_for_hardware(recipe, [8, 4])
+
+
+def test_recipe_knows_the_trainer_model_sizes():
+    from launcher.recipe import VIT_WIDTH_HEADS
+    from train.model import VIT_SIZES
+
+    assert VIT_WIDTH_HEADS == {k: (v.width, v.heads) for k, v in VIT_SIZES.items()}
 
 
 @pytest.mark.parametrize("path", ["recipes/vit-tiny-local.yml", "recipes/vit-b16-p4d.yml",

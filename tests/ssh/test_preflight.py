@@ -123,3 +123,20 @@ def test_dry_run_connects_to_nothing(lab, run_launch, tmp_path):
     sshd_logs = [(lab.dir / h.name / "sshd.log").read_text() for h in lab.hosts]
     assert not any("Accepted publickey" in log for log in sshd_logs)
     assert remote_run_dirs(lab) == []
+
+
+def test_node_env_file_reaches_every_rank_and_recipe_env_wins(lab, run_launch, tmp_path):
+    """What `launch setup` writes for EFA (FI_PROVIDER=efa ...) is picked up per node."""
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text("# written by launch setup\nFI_PROVIDER=efa\nNCCL_PROTO=Simple\n")
+    inv = edit_inventory(lab, tmp_path, host1={"launch_env_file": str(env_file)})
+    recipe = write_recipe(tmp_path, train={"steps": 2}, env={"NCCL_PROTO": "LL128"})
+    proc = run_launch("run", "--nodes", "2", str(recipe), "-i", str(inv), "--run-id", "envf",
+                      timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+
+    plan = json.loads((tmp_path / "runs/envf/plan.json").read_text())
+    host0, host1 = plan["nodes"]
+    assert host1["env"]["FI_PROVIDER"] == "efa" and "FI_PROVIDER" not in host0["env"]
+    assert host1["env"]["NCCL_PROTO"] == "LL128"  # the recipe overrides the node file

@@ -1,0 +1,172 @@
+"""Does the DDP tuning pay? The same ViT recipe on the digits set, trained on a 2-host lab
+cluster (SSH hosts in network namespaces) in five DDP variants, on a free link and on a link
+capped with tc so that plain DDP spends most of its time communicating.
+
+    variants: default         plain DDP(model)
+              tuned           static_graph, gradient_as_bucket_view, bucket_cap_mb 5
+              tuned+fp16      tuned + fp16 gradient compression
+              tuned+powersgd  tuned + PowerSGD rank 4 (10 plain warm-up steps)
+              auto            comm_hook: auto, bucket_cap_mb: auto (measured by the trainer)
+
+Every variant sees the same seed and the same samples. Reported per variant: images/s
+(median over steps after warm-up), step time, bytes sent per step per host (from the host's
+interface counters, read by the trainer), held-out accuracy, and the compute /
+communication split measured in the trainer (train/commtime.py).
+
+Needs root. Prints a table, writes benchmarks/results/ddp_tuning.json and ddp_tuning.png.
+
+    .venv/bin/python benchmarks/ddp_tuning.py [--cap 100mbit] [--epochs 15]   # ~25 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launcher.commands.run_ssh import launch_on_inventory  # noqa: E402
+from launcher.display import PlainDisplay  # noqa: E402
+from launcher.errors import RunFailed  # noqa: E402
+from launcher.inventory import load_inventory  # noqa: E402
+from launcher.lab import Lab  # noqa: E402
+from launcher.recipe import recipe_from_mapping  # noqa: E402
+from launcher.ssh import SshOptions  # noqa: E402
+
+TUNED = {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": 5}
+VARIANTS = {
+    "default": {},
+    "tuned": TUNED,
+    "tuned+fp16": {**TUNED, "comm_hook": "fp16"},
+    "tuned+powersgd": {**TUNED, "comm_hook": "powersgd",
+                       "powersgd": {"rank": 4, "start_iter": 10}},
+    "auto": {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": "auto",
+             "comm_hook": "auto", "powersgd": {"rank": 4}},
+}
+
+
+def variant_recipe(name: str, epochs: float) -> dict:
+    base = yaml.safe_load((REPO / "recipes/vit-tiny-local.yml").read_text())
+    base["name"] = f"tuning-{name.replace('+', '-')}"
+    base["train"].update(epochs=epochs, log_every=10)
+    base["ddp"] = VARIANTS[name]
+    return base
+
+
+def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, port: int) -> dict:
+    recipe = recipe_from_mapping(variant_recipe(name, epochs), f"benchmarks/ddp_tuning.py:{name}")
+    run_id = f"{regime}-{recipe.name}"
+    quiet = PlainDisplay(open(runs.parent / f"{run_id}.log", "w"))  # noqa: SIM115
+    try:
+        summary = launch_on_inventory(recipe, load_inventory(lab.inventory), run_id, str(runs),
+                                      SshOptions(), rdzv_port=port, display=quiet)
+    except RunFailed as err:
+        raise SystemExit(f"{regime}/{name} failed:\n{err}") from None
+    result = json.loads((runs / run_id / summary["rank0_node"] / "result.json").read_text())
+    per_host = result.get("tx_bytes_per_step") or {}
+    return {
+        "images_per_sec": result["images_per_sec"],
+        "step_time_s": result["step_time_s"],
+        "bytes_per_step": max(per_host.values()) if per_host else None,
+        "bytes_per_step_per_host": per_host,
+        "accuracy": result["eval_accuracy"],
+        "compute_s": result.get("compute_s"),
+        "comm_s": result.get("comm_wait_s"),
+        "steps": result["steps"],
+        "auto": result.get("auto"),
+        "bucket_cap_mb": result["ddp"]["bucket_cap_mb"],
+    }
+
+
+def print_table(results: dict, cap: str) -> None:
+    print(f"{'regime':<7} {'variant':<15} {'img/s':>8} {'x default':>9} {'step s':>7} "
+          f"{'MB/step/host':>12} {'accuracy':>8} {'compute s':>9} {'comm s':>7}")
+    for regime, rows in results.items():
+        base = rows["default"]["images_per_sec"]
+        for name, r in rows.items():
+            mb = "-" if r["bytes_per_step"] is None else f"{r['bytes_per_step'] / 1e6:.3f}"
+            print(f"{regime:<7} {name:<15} {r['images_per_sec']:>8.1f} "
+                  f"{r['images_per_sec'] / base:>9.2f} {r['step_time_s']:>7.3f} {mb:>12} "
+                  f"{r['accuracy']:>8.4f} {r['compute_s'] or 0:>9.3f} {r['comm_s'] or 0:>7.3f}")
+    for regime, rows in results.items():
+        d = rows["default"]
+        if d["compute_s"]:
+            print(f"{regime}: default spends {d['comm_s']:.3f}s waiting on communication per "
+                  f"step against {d['compute_s']:.3f}s of compute "
+                  f"({d['comm_s'] / d['compute_s']:.1f}x)")
+        auto = rows["auto"].get("auto")
+        if auto:
+            print(f"{regime}: auto chose {auto['choice']} at step {auto['decided_at_step']}: "
+                  f"{auto['reason']}; bucket_cap_mb {rows['auto']['bucket_cap_mb']}")
+    print(f"link cap in the capped regime: {cap} each way per host (tc tbf)")
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, (regime, rows) in zip(axes[0], results.items()):
+        names = list(rows)
+        ax.bar(names, [rows[n]["images_per_sec"] for n in names], color="tab:blue")
+        ax.set_title(f"{regime} link")
+        ax.set_ylabel("images/s")
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cap", default="100mbit", help="tc rate for the capped regime")
+    p.add_argument("--epochs", type=float, default=15,
+                   help="default: the demo recipe's 15 (330 steps); every variant sees the same samples")
+    p.add_argument("--regimes", nargs="+", default=["free", "capped"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/ddp_tuning.json"))
+    args = p.parse_args()
+
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="ddp-tuning-") as tmp:
+        lab = Lab.create(Path(tmp) / "lab", 2)
+        try:
+            port = 29800
+            for regime in args.regimes:
+                for host in lab.hosts:
+                    if regime == "capped":
+                        lab.cap(host.name, args.cap)
+                    else:
+                        lab.uncap(host.name)
+                results[regime] = {}
+                for name in args.variants:
+                    port += 1
+                    row = run_variant(lab, name, regime, args.epochs, Path(tmp) / "runs", port)
+                    results[regime][name] = row
+                    print(f"  {regime:<7} {name:<15} {row['images_per_sec']:8.1f} img/s, "
+                          f"accuracy {row['accuracy']:.4f}", file=sys.stderr, flush=True)
+        finally:
+            lab.destroy()
+    print_table(results, args.cap)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"regimes": results, "link_cap": args.cap,
+                               "model": "vit_tiny (12 blocks, width 192, 5.3 M params), "
+                                        f"digits 8x8, patch 4, batch 32 per rank, "
+                                        f"{args.epochs:g} epochs, 2 lab hosts x 1 rank"},
+                              indent=2) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

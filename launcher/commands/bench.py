@@ -1,0 +1,320 @@
+"""`launch bench [--nodes N] (--local | -i INVENTORY) [--op OP] [--min-bytes 8] [--max-bytes 1G]
+[--dtype float|bfloat16] [--nccl-tests] [--dry-run [--json]]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.commands.common import add_ssh_arguments
+from launcher.errors import LauncherError, RunFailed
+from launcher.inventory import Node, load_inventory, select_nodes
+from launcher.nccl import bench
+from launcher.nccl.links import facts, link_peak
+from launcher.nccl.nccl_tests import parse_nccl_tests
+from launcher.nccl.plot import plot_bandwidth
+from launcher.nccl.report import write_run_report
+from launcher.nccl.summary import human_bytes
+from launcher.plan import RunPlan
+from launcher.recipe import Recipe, recipe_from_mapping
+from launcher.runfolder import RunFolder, check_run_id, new_run_id
+
+HELP = """\
+Measures the bus bandwidth of one collective across the nodes, the way nccl-tests does: for each
+size from --min-bytes to --max-bytes (doubling), warm-up iterations, a barrier, --iters timed
+iterations (time averaged over ranks), then one more on fresh data whose every element is
+checked (#wrong). The sweep is train/bench.py started through the same torchrun launch path as
+`launch run` (NCCL on GPUs, gloo on CPU). The table is printed in nccl-tests' own layout with
+its algbw/busbw formulas, and runs/<run_id>/ gets bandwidth.txt (that table: `launch inspect`
+reads it), bandwidth.json, bandwidth.png (busbw against size, with the link's peak from the
+catalog when the instance type is known) and the run report.
+
+--max-bytes defaults to 1G when the nodes have GPUs and 64M on CPU nodes (gloo moves about
+1 GB/s there, and 64M already shows where its bandwidth flattens).
+
+--nccl-tests runs the nccl-tests binary instead (<op>_perf from --nccl-tests-dir, where
+`launch setup` builds it): with --local, one process over this machine's GPUs; with -i, on the
+head node, through mpirun across all nodes when there is more than one (needs the MPI build of
+nccl-tests and SSH between the nodes).
+
+Exit codes: 0 measured; 1 the sweep failed (logs kept in the run folder) or counted wrong
+elements; 2 bad arguments or nccl-tests not installed.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="measure collective bus bandwidth across nodes "
+                                     "(nccl-tests' table, bandwidth.json, bandwidth.png)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int,
+                   help="number of nodes (default: 2 with --local, every host with -i)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true", help="node agents on this machine")
+    where.add_argument("-i", "--inventory", help="Ansible YAML inventory; the first N hosts")
+    p.add_argument("--op", choices=bench.OPS, default="all_reduce")
+    p.add_argument("--min-bytes", default=str(bench.DEFAULT_MIN_BYTES),
+                   help="smallest size: 8, 1K, 64M, 1G (default 8)")
+    p.add_argument("--max-bytes", help="largest size (default: 1G with GPUs, 64M on CPU)")
+    p.add_argument("--dtype", choices=bench.DTYPES, default="float")
+    p.add_argument("--warmup-iters", type=int, default=bench.WARMUP_ITERS)
+    p.add_argument("--iters", type=int, default=bench.ITERS, help="timed iterations per size")
+    p.add_argument("--instance-type",
+                   help="the nodes' instance type, for the peak line (default with -i: the "
+                        "inventory's instance_type)")
+    p.add_argument("--nccl-tests", action="store_true",
+                   help="run the nccl-tests binary instead of the torch.distributed sweep")
+    p.add_argument("--nccl-tests-dir", default=bench.NCCL_TESTS_DIR,
+                   help=f"where <op>_perf is (default {bench.NCCL_TESTS_DIR})")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    p.add_argument("--run-id", help="name of the run folder (default bench-<op>-<time>-<hex>)")
+    p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="seconds between SIGTERM and SIGKILL when stopping nodes (default 5)")
+    add_ssh_arguments(p)
+    p.set_defaults(func=main)
+
+
+def bench_recipe(count: int, local: bool) -> Recipe:
+    """The launch path needs a recipe for rendezvous, env and processes per node; a bench has
+    no training, so `train` is a placeholder the program never reads."""
+    timeout = {"timeout": 60} if local else {}  # a local rendezvous forms in seconds
+    return recipe_from_mapping({"name": "bench", "nodes": count, "rendezvous": timeout,
+                                "train": {"steps": 1}}, "<launch bench>")
+
+
+def _sizes(args, gpus_per_node: Callable[[], list[int]]) -> tuple[int, int]:
+    """--min/--max-bytes; the GPU count (torch import, SSH facts) only when --max-bytes is
+    not given, so that a wrong size is reported at once."""
+    low = bench.parse_size(args.min_bytes, "--min-bytes")
+    high = (bench.parse_size(args.max_bytes, "--max-bytes") if args.max_bytes
+            else bench.default_max_bytes(gpus_per_node()))
+    bench.sweep_sizes(low, high)  # refuses min > max before anything starts
+    return low, high
+
+
+def _check_iters(args) -> None:
+    if args.iters < 1 or args.warmup_iters < 0:
+        raise LauncherError(f"--iters must be at least 1 and --warmup-iters at least 0 (got "
+                            f"{args.iters} and {args.warmup_iters})")
+
+
+def main(args) -> int:
+    _check_iters(args)
+    if args.json and not args.dry_run:
+        raise LauncherError("--json prints the plan and goes with --dry-run")
+    run_id = check_run_id(args.run_id) if args.run_id else new_run_id(f"bench-{args.op}")
+    if args.local:
+        count = 2 if args.nodes is None else args.nodes
+        if count < 1:
+            raise LauncherError(f"--nodes must be at least 1, got {count}")
+        return bench_nccl_tests_local(args, run_id) if args.nccl_tests else \
+            bench_local(args, count, run_id)
+    if args.inventory:
+        everything = load_inventory(args.inventory)
+        count = len(everything) if args.nodes is None else args.nodes
+        nodes = select_nodes(everything, count, args.inventory)
+        return bench_nccl_tests_inventory(args, nodes, run_id) if args.nccl_tests else \
+            bench_inventory(args, nodes, run_id)
+    raise LauncherError("say where to bench: --local for node agents on this machine, or "
+                        "-i INVENTORY.yml for hosts over SSH (see inventory.example.yml)")
+
+
+def _print_plan(args, plan: RunPlan) -> None:
+    print(plan.dumps() if args.json else plan.render())
+
+
+def bench_local(args, count: int, run_id: str) -> int:
+    from launcher.commands.run import execute_local, plan_local
+    from launcher.execute.local import free_port, local_gpu_count
+
+    low, high = _sizes(args, lambda: [local_gpu_count() // count] * count)
+    gpus = local_gpu_count()
+    program = bench.bench_program(args.op, bench.sweep_sizes(low, high), args.dtype,
+                                  args.warmup_iters, args.iters)
+    plan = plan_local(bench_recipe(count, local=True), count, run_id, args.runs_dir, gpus,
+                      os.cpu_count() or 1, free_port(), program=program)
+    if args.dry_run:
+        _print_plan(args, plan)
+        return 0
+    execute_local(plan, args.runs_dir, args.grace)
+    return finish_sweep(Path(args.runs_dir).resolve() / run_id, [n.name for n in plan.nodes],
+                        plan.nproc_per_node, args.instance_type)
+
+
+def _instance_type(nodes: list[Node]) -> str | None:
+    """The peak line needs one type; mixed nodes get none rather than a wrong one."""
+    types = {n.instance_type for n in nodes}
+    return types.pop() if len(types) == 1 else None
+
+
+def _gpus(node: Node) -> int:
+    if node.gpus is not None:
+        return node.gpus
+    row = facts(node.instance_type)
+    return row.gpu_count if row else 0
+
+
+def bench_inventory(args, nodes: list[Node], run_id: str) -> int:
+    # Imported here: the SSH executor is only needed with -i.
+    from launcher.commands.run_ssh import launch_on_inventory, plan_inventory
+    from launcher.ssh import SshOptions
+
+    low, high = _sizes(args, lambda: [_gpus(n) for n in nodes])
+    program = bench.bench_program(args.op, bench.sweep_sizes(low, high), args.dtype,
+                                  args.warmup_iters, args.iters)
+    recipe = bench_recipe(len(nodes), local=False)
+    if args.dry_run:
+        _print_plan(args, plan_inventory(recipe, nodes, run_id, program=program))
+        return 0
+    options = SshOptions.from_args(args)
+    summary = launch_on_inventory(recipe, nodes, run_id, args.runs_dir, options,
+                                  program=program, grace_s=args.grace)
+    return finish_sweep(Path(args.runs_dir).resolve() / run_id, [n.name for n in nodes],
+                        summary["nproc_per_node"], args.instance_type or _instance_type(nodes))
+
+
+def finish_sweep(run_dir: Path, names: list[str], nproc: int, instance_type: str | None) -> int:
+    """The sweep's results (rank 0's node folder) as nccl-tests' table, then `finish`."""
+    results = bench.load_results(bench.find_results(run_dir, names))
+    comment = (f"launch bench: torch.distributed {results['op']}, backend "
+               f"{results['backend']}, {len(names)} node(s) x {nproc} rank(s), torch "
+               f"{results.get('torch')}")
+    return finish(run_dir, bench.results_table(results, comment),
+                  source="launch bench (torch.distributed)", backend=results["backend"],
+                  dtype=results["dtype"], nnodes=len(names), instance_type=instance_type)
+
+
+def finish(run_dir: Path, text: str, *, source: str, backend: str | None, dtype: str,
+           nnodes: int, instance_type: str | None) -> int:
+    """Print the table (nccl-tests' layout); write bandwidth.txt/.json/.png; refresh the
+    report so that it quotes them."""
+    print(text, end="", flush=True)
+    table_path = run_dir / "bandwidth.txt"
+    table_path.write_text(text)
+    run = parse_nccl_tests(text, str(table_path))
+    peak = link_peak(instance_type, nnodes)
+    doc = bench.bandwidth_document(run, source=source, run_id=run_dir.name, nnodes=nnodes,
+                                   instance_type=instance_type, peak=peak, backend=backend,
+                                   dtype=dtype)
+    RunFolder(run_dir).write_json("bandwidth.json", doc)
+    where = f"{nnodes} node(s), {backend or 'NCCL'}"
+    plot_bandwidth(run, run_dir / "bandwidth.png", peak=peak,
+                   title=f"{run.collective} bus bandwidth, {where} ({run_dir.name})")
+    try:
+        write_run_report(run_dir)
+    except Exception as err:  # noqa: BLE001 (the measurement stands without its report)
+        print(f"launch: warning: no run report ({type(err).__name__}: {err})")
+    if doc["peak_busbw"] is None:
+        print("launch: the table holds no bus bandwidth (every time was N/A)")
+    else:
+        best = max(run.rows, key=lambda r: max((m.busbw or 0.0 for m in r.measurements),
+                                               default=0.0))
+        against = (f" = {doc['peak_ratio']:.0%} of {peak.label}" if peak
+                   else " (no instance type known: no peak to compare with)")
+        print(f"launch: peak bus bandwidth {doc['peak_busbw']:.2f} GB/s at "
+              f"{human_bytes(best.size)}{against}")
+    print(f"launch: bandwidth.txt, bandwidth.json, bandwidth.png and report.md in {run_dir}")
+    if run.wrong_total:
+        raise RunFailed(f"{run.wrong_total} wrong elements: the collective returned corrupt "
+                        f"data; the timings in {run_dir} are not to be trusted")
+    return 0
+
+
+# ----------------------------------------------------------------------------- nccl-tests
+
+
+def _nccl_tests_binary(args) -> str:
+    return str(Path(args.nccl_tests_dir) / f"{args.op}_perf")
+
+
+def bench_nccl_tests_local(args, run_id: str) -> int:
+    from launcher.execute.local import local_gpu_count
+
+    binary = _nccl_tests_binary(args)
+    if not args.dry_run and not os.access(binary, os.X_OK):
+        raise LauncherError(
+            f"nccl-tests are not installed here: no executable {binary}. `launch setup` builds "
+            "them on GPU nodes (role nccl_tests); pass --nccl-tests-dir for another build, or "
+            "drop --nccl-tests to measure with the torch.distributed sweep")
+    low, high = _sizes(args, lambda: [local_gpu_count()])
+    gpus = local_gpu_count()
+    argv = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
+                                 warmup_iters=args.warmup_iters, iters=args.iters,
+                                 gpus=max(1, gpus))
+    if args.dry_run:
+        print(json.dumps({"run_id": run_id, "argv": argv}) if args.json
+              else f"run {run_id}: nccl-tests on this machine\n  {shlex.join(argv)}")
+        return 0
+    folder = RunFolder.create(args.runs_dir, run_id)
+    node_dir = folder.node_dir("node0")
+    node_dir.mkdir()
+    # NCCL's debug lines go to files, as in `launch run`, so the table stays clean and the
+    # run report reads the transports.
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{node_dir}/nccl-debug.%h.%p.log"}
+    folder.write_json("plan.json", {
+        "run_id": run_id, "world_size": max(1, gpus), "nnodes": 1,
+        "nodes": [{"name": "node0", "gpus": gpus, "argv": argv, "env": env,
+                   "instance_type": args.instance_type}]})
+    proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    (node_dir / "node.log").write_text(proc.stdout + proc.stderr)
+    folder.write_json("summary.json", {"run_id": run_id,
+                                       "status": "succeeded" if proc.returncode == 0
+                                       else "failed", "exit_code": proc.returncode})
+    if proc.returncode != 0:
+        tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).splitlines()[-20:])
+        raise RunFailed(f"{binary} exited with code {proc.returncode}; last lines:\n{tail}\n"
+                        f"full output in {node_dir / 'node.log'}")
+    return finish(folder.root, proc.stdout, source="nccl-tests", backend="nccl",
+                  dtype=args.dtype, nnodes=1, instance_type=args.instance_type)
+
+
+def bench_nccl_tests_inventory(args, nodes: list[Node], run_id: str) -> int:
+    from launcher.nccl.remote import run_on_node
+    from launcher.ssh import SshOptions
+
+    binary = _nccl_tests_binary(args)
+    gpus = _gpus(nodes[0])
+    low, high = _sizes(args, lambda: [_gpus(n) for n in nodes])
+    test = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
+                                 warmup_iters=args.warmup_iters, iters=args.iters,
+                                 gpus=max(1, gpus))
+    argv = test if len(nodes) == 1 else bench.mpirun_argv(
+        bench.MPIRUN, [n.private_address for n in nodes], max(1, gpus),
+        {"NCCL_DEBUG": "INFO"}, test)
+    head = nodes[0]
+    if args.dry_run:
+        print(json.dumps({"run_id": run_id, "node": head.name, "argv": argv}) if args.json
+              else f"run {run_id}: nccl-tests from {head.name} ({head.address})\n"
+                   f"  {shlex.join(argv)}")
+        return 0
+    options = SshOptions.from_args(args)
+    result = run_on_node(head, argv, options, timeout=3600)
+    folder = RunFolder.create(args.runs_dir, run_id)
+    folder.write_json("plan.json", {
+        "run_id": run_id, "nnodes": len(nodes), "world_size": len(nodes) * max(1, gpus),
+        "nodes": [{"name": n.name, "gpus": n.gpus, "argv": argv if n is head else [],
+                   "instance_type": n.instance_type} for n in nodes]})
+    log = folder.node_dir(head.name)
+    log.mkdir()
+    (log / "node.log").write_text(result.stdout + result.stderr)
+    folder.write_json("summary.json", {"run_id": run_id, "status": "succeeded"
+                                       if result.exit_code == 0 else "failed",
+                                       "exit_code": result.exit_code})
+    if result.exit_code == 127:
+        raise LauncherError(f"host {head.name}: {argv[0]} is not installed there. `launch "
+                            "setup` builds nccl-tests on GPU nodes (for several nodes with "
+                            "nccl_tests_mpi: true); or drop --nccl-tests")
+    if result.exit_code != 0:
+        raise RunFailed(f"host {head.name}: nccl-tests exited with code {result.exit_code}; "
+                        f"output in {log / 'node.log'}")
+    return finish(folder.root, result.stdout, source="nccl-tests", backend="nccl",
+                  dtype=args.dtype, nnodes=len(nodes),
+                  instance_type=args.instance_type or _instance_type(nodes))
+

@@ -1,0 +1,47 @@
+"""`launch report RUN_DIR [--bench DIR] [--json]`: write the run report again and print it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from launcher.nccl.report import (REPORT_JSON, REPORT_MD, ReportError, render_markdown,
+                                  write_run_report)
+
+HELP = f"""\
+Regenerates RUN_DIR/{REPORT_MD} and {REPORT_JSON} (launch writes them after every run, failed
+ones too) from the files in the run folder: per node the interconnect, NCCL version, network
+and transports NCCL used, EFA expected against used; the measured bus bandwidth against the
+link's peak; images/s and the share of step time spent waiting on communication; warnings and
+what to change. Prints the report (warnings in red on a terminal), or with --json report.json.
+
+The bus bandwidth comes from RUN_DIR/bandwidth.json (a `launch bench` folder), from --bench, or
+else from the newest bench among RUN_DIR's sibling run folders that ran on the same nodes.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="regenerate and print a run's report (report.md)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="runs/<run_id>")
+    p.add_argument("--bench", metavar="BANDWIDTH_JSON",
+                   help="quote this bench's bandwidth.json (or its run folder)")
+    p.add_argument("--json", action="store_true", help="print report.json instead")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    bench = args.bench
+    if bench and Path(bench).is_dir():
+        bench = str(Path(bench) / "bandwidth.json")
+    if bench and not Path(bench).is_file():
+        raise ReportError(f"--bench {args.bench}: no bandwidth.json there; pass the run folder "
+                          "of a `launch bench` or its bandwidth.json")
+    report = write_run_report(args.run_dir, bench=bench)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_markdown(report, color=sys.stdout.isatty()), end="")
+    return 0

@@ -1,0 +1,483 @@
+"""The run report: `runs/<run_id>/report.md` and `report.json`, written after every `launch run`
+(failed ones too) and `launch bench`, and again by `launch report RUN_DIR`.
+
+It reads only files: the run folder (plan.json, summary.json, metrics.jsonl, each node's
+result.json, nccl-debug.*.log and topology.txt, a bench's bandwidth.json), the node facts that
+`launch setup` fetched ($LAUNCH_HOME/clusters/*/facts/<node>.json) and the catalog. Per node it
+states the interconnect, the NCCL version, network and transports NCCL used, EFA expected
+against used; then the measured bus bandwidth against the link's peak, the training speed and
+the share of step time spent waiting on communication, warnings, and what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from launcher.errors import LauncherError
+from launcher.nccl import advice
+from launcher.nccl.bench import RESULTS_FILE
+from launcher.nccl.debug_log import NcclDebugLog, parse_debug_logs
+from launcher.nccl.detect import read_text
+from launcher.nccl.errors import NcclParseError
+from launcher.nccl.links import efa_interfaces, interconnect_class, link_peak
+from launcher.nccl.topology import Topology, parse_topology
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+BANDWIDTH_JSON = "bandwidth.json"
+# Below this share of the link's peak, a measured bus bandwidth is worth a warning: NVSwitch
+# reaches ~77% of NVLink's rate and EFA ~80-100% of the wire (field notes), so half is trouble.
+LOW_PEAK_RATIO = 0.5
+RED, RESET = "\033[31m", "\033[0m"
+
+
+class ReportError(LauncherError):
+    """A folder that is not a run folder, or a file in it that cannot be read."""
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as err:
+        raise ReportError(f"{path}: cannot read it: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ReportError(f"{path}: not valid JSON ({err}); the run may have been killed while "
+                          "writing it") from None
+
+
+def _optional_json(path: Path, warnings: list[str]) -> Any:
+    """A file the report can do without: None when absent; when unreadable, None and a
+    warning naming it (a killed run can leave half a file)."""
+    if not path.exists():
+        return None
+    try:
+        return _load_json(path)
+    except ReportError as err:
+        warnings.append(str(err))
+        return None
+
+
+def _rel(path: Path, run_dir: Path) -> str:
+    return os.path.relpath(path, run_dir)
+
+
+def facts_dirs() -> list[Path]:
+    """Where `launch setup` put each cluster's node facts."""
+    from launcher.provision.ledger import launch_home
+
+    return sorted((launch_home() / "clusters").glob("*/facts"))
+
+
+def _node_facts(name: str, dirs: list[Path], warnings: list[str]) -> tuple[Path, dict] | None:
+    """The newest facts file for a host of this name (clusters can share host names)."""
+    found = [d / f"{name}.json" for d in dirs if (d / f"{name}.json").exists()]
+    if not found:
+        return None
+    path = max(found, key=lambda p: p.stat().st_mtime)
+    data = _optional_json(path, warnings)
+    return (path, data) if isinstance(data, dict) else None
+
+
+def _workload(plan: dict) -> str:
+    """"bench" for train/bench.py or an nccl-tests binary (<op>_perf), else "train"."""
+    argv = plan["nodes"][0].get("argv", []) if plan.get("nodes") else []
+    bench = any(str(a).endswith(("train/bench.py", "_perf")) for a in argv)
+    return "bench" if bench else "train"
+
+
+def _topology(run_dir: Path, name: str, facts: tuple[Path, dict] | None
+              ) -> tuple[Topology | None, str | None, list[str]]:
+    """The node's `nvidia-smi topo -m`: a topology.txt in its folder, else the setup facts."""
+    path = run_dir / name / "topology.txt"
+    try:
+        if path.exists():
+            return parse_topology(read_text(path), str(path)), _rel(path, run_dir), []
+        if facts and facts[1].get("topology"):
+            # .../clusters/<cluster>/facts/<node>.json: named without this machine's $HOME
+            label = f"setup facts of cluster {facts[0].parent.parent.name}"
+            return parse_topology(facts[1]["topology"], str(facts[0])), label, []
+    except NcclParseError as err:
+        return None, None, [f"{name}: topology not read: {err}"]
+    return None, None, []
+
+
+def _nccl_log(run_dir: Path, name: str) -> tuple[NcclDebugLog | None, list[str]]:
+    """Every rank's NCCL_DEBUG file of the node, merged; empty files (NCCL opened the file but
+    the rank died first) are skipped."""
+    try:
+        sources = []
+        for path in sorted((run_dir / name).glob("nccl-debug.*.log")):
+            text = read_text(path)
+            if text.strip():
+                sources.append((_rel(path, run_dir), text))
+        return (parse_debug_logs(sources) if sources else None), []
+    except NcclParseError as err:
+        return None, [f"{name}: NCCL log not read: {err}"]
+
+
+def network_used(log: NcclDebugLog) -> str | None:
+    """What carried this node's inter-node traffic: the NET/ transports NCCL connected over,
+    else the network module it loaded."""
+    nets = [t for t in log.transports if t.startswith("NET/")]
+    if nets:
+        return ", ".join(nets)
+    return f"network {log.network}" if log.network else None
+
+
+def _uses_efa(log: NcclDebugLog) -> bool:
+    return bool(log.efa and "efa" in log.efa.provider) and any(
+        "Libfabric" in t for t in [*log.transports, log.network or ""])
+
+
+def _node_entry(run_dir: Path, node: dict, nnodes: int, dirs: list[Path]
+                ) -> tuple[dict, Topology | None, list[str]]:
+    name = node["name"]
+    itype = node.get("instance_type")
+    warnings: list[str] = []
+    facts = _node_facts(name, dirs, warnings)
+    topo, topo_source, topo_warnings = _topology(run_dir, name, facts)
+    warnings += topo_warnings
+    if topo is not None:
+        interconnect = {"class": topo.link_class, "worst_link": topo.worst_link,
+                        "source": topo_source}
+    elif interconnect_class(itype):
+        interconnect = {"class": interconnect_class(itype), "worst_link": None,
+                        "source": f"catalog: {itype}"}
+    else:
+        interconnect = None
+    log, log_warnings = _nccl_log(run_dir, name)
+    warnings += log_warnings
+    expected = efa_interfaces(itype)
+    if expected is None and facts is not None:
+        expected = facts[1].get("efa_devices")
+    nccl = None
+    efa = {"expected": expected, "used": None, "nics": None}
+    if log is not None:
+        nccl = {"version": log.nccl_version, "network": log.network,
+                "transports": dict(log.transports), "channels": log.channels,
+                "logs": len(log.paths)}
+        efa.update(used=_uses_efa(log), nics=log.efa.nics if log.efa else None)
+        if nnodes > 1 and expected:
+            owner = itype or "this node"
+            if not efa["used"]:
+                used = network_used(log) or "no network it logged"
+                warnings.append(f"{name}: {owner} has {expected} EFA interfaces but NCCL used "
+                                f"{used}")
+            elif efa["nics"] is not None and efa["nics"] < expected:
+                warnings.append(f"{name}: {owner} has {expected} EFA interfaces but NCCL found "
+                                f"{efa['nics']}")
+    entry = {"name": name, "instance_type": itype, "gpus": node.get("gpus"),
+             "interconnect": interconnect, "nccl": nccl, "efa": efa,
+             "gloo_interface": (node.get("env") or {}).get("GLOO_SOCKET_IFNAME")}
+    return entry, topo, warnings
+
+
+def _bench_folders(run_dir: Path, names: list[str]) -> list[Path]:
+    """bandwidth.json measured on the same nodes: this folder's own (a bench), else among its
+    sibling run folders the newest all_reduce bench (what DDP's gradients use), else the newest
+    of any collective."""
+    own = run_dir / BANDWIDTH_JSON
+    if own.exists():
+        return [own]
+    found = []
+    for path in run_dir.parent.glob(f"*/{BANDWIDTH_JSON}"):
+        try:
+            nodes = [n["name"] for n in json.loads((path.parent / "plan.json").read_text())
+                     ["nodes"]]
+            all_reduce = json.loads(path.read_text()).get("collective") == "all_reduce"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a folder being written, or not one of ours: not a bench to quote
+        if nodes == names:
+            found.append(((all_reduce, path.stat().st_mtime), path))
+    return [max(found)[1]] if found else []
+
+
+def _bandwidth(run_dir: Path, names: list[str], bench: Path | None,
+               types: list[str | None]) -> tuple[dict, list[str]]:
+    paths = [bench] if bench is not None else _bench_folders(run_dir, names)
+    if not paths:
+        return {"source": None}, []
+    path = paths[0]
+    warnings: list[str] = []
+    doc = _optional_json(path, warnings)
+    if doc is None:
+        return {"source": None}, warnings
+    peak = doc.get("link_peak")
+    if peak is None:
+        known = next((t for t in types if t), None)
+        computed = link_peak(known, doc.get("nnodes") or len(names))
+        peak = computed.to_json() if computed else None
+    measured = doc.get("peak_busbw")
+    ratio = round(measured / peak["gbps"], 4) if peak and measured is not None else None
+    out = {"source": _rel(path, run_dir), "collective": doc.get("collective"),
+           "peak_busbw": measured, "link_peak": peak, "ratio": ratio,
+           "wrong_total": doc.get("wrong_total")}
+    if doc.get("wrong_total"):
+        warnings.append(f"the bench counted {doc['wrong_total']} wrong elements: the collective "
+                        "returned corrupt data; do not trust its timings")
+    if ratio is not None and ratio < LOW_PEAK_RATIO:
+        warnings.append(f"measured peak bus bandwidth {measured:.2f} GB/s is {ratio:.0%} of "
+                        f"{peak['label']}: the links are not used at their speed (check the "
+                        "transports above)")
+    return out, warnings
+
+
+def _training(run_dir: Path, summary: dict | None, names: list[str],
+              warnings: list[str]) -> dict | None:
+    """The trainer's numbers: result.json of the node that held rank 0, else (a run that did
+    not finish) the logged steps in metrics.jsonl."""
+    rank0 = (summary or {}).get("rank0_node")
+    for name in dict.fromkeys([rank0, *names] if rank0 else names):
+        result = _optional_json(run_dir / name / "result.json", warnings)
+        if result is not None:
+            return {"source": f"{name}/result.json",
+                    "images_per_sec": result.get("images_per_sec"),
+                    "step_time_s": result.get("step_time_s"),
+                    "comm_wait_s": result.get("comm_wait_s"),
+                    "compute_s": result.get("compute_s"),
+                    "comm_share": result.get("comm_share"),
+                    "comm_hook": (result.get("ddp") or {}).get("comm_hook"),
+                    "auto": result.get("auto")}
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return None
+    records = []
+    for line in read_text(metrics).splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written when the run was killed
+    if not records:
+        return None
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in records if r.get(key) is not None]
+        return round(sum(values) / len(values), 6) if values else None
+
+    timed = [r for r in records if r.get("comm_wait_s") is not None and r.get("step_time_s")]
+    total = sum(r["step_time_s"] for r in timed)
+    return {"source": "metrics.jsonl", "images_per_sec": mean("images_per_sec"),
+            "step_time_s": mean("step_time_s"), "comm_wait_s": mean("comm_wait_s"),
+            "compute_s": mean("compute_s"),
+            "comm_share": round(sum(r["comm_wait_s"] for r in timed) / total, 4)
+            if total else None,
+            "comm_hook": None, "auto": None}
+
+
+def _backend(run_dir: Path, nodes: list[dict]) -> str | None:
+    for node in nodes:
+        for name in ("result.json", RESULTS_FILE):
+            data = _optional_json(run_dir / node["name"] / name, [])  # _training warns
+            if data and data.get("backend"):
+                return data["backend"]
+    if not nodes:
+        return None
+    return "nccl" if any(n.get("gpus") for n in nodes) else "gloo"
+
+
+def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
+                 facts_from: list[Path] | None = None) -> dict[str, Any]:
+    """The report as a JSON-able dict. `bench` names a bandwidth.json to quote (default: the
+    folder's own, else the newest sibling bench on the same nodes)."""
+    run_dir = Path(run_dir).resolve()
+    plan_path = run_dir / "plan.json"
+    if not plan_path.exists():
+        raise ReportError(f"{run_dir}: no plan.json, so not a run folder launch wrote; pass "
+                          "runs/<run_id>")
+    plan = _load_json(plan_path)
+    warnings: list[str] = []
+    summary = _optional_json(run_dir / "summary.json", warnings)
+    nodes = plan.get("nodes") or []
+    names = [n["name"] for n in nodes]
+    dirs = facts_dirs() if facts_from is None else facts_from
+    entries, topologies = [], {}
+    for node in nodes:
+        entry, topo, node_warnings = _node_entry(run_dir, node, len(nodes), dirs)
+        entries.append(entry)
+        warnings += node_warnings
+        if topo is not None:
+            topologies[node["name"]] = topo
+    types = [n.get("instance_type") for n in nodes]
+    warnings += advice.topology_differences(topologies, dict(zip(names, types)))
+    versions = {e["name"]: e["nccl"]["version"] for e in entries if e["nccl"]}
+    if len(set(versions.values())) > 1:
+        warnings.append("nodes run different NCCL versions: " + ", ".join(
+            f"{name} {version}" for name, version in versions.items()))
+    bandwidth, bench_warnings = _bandwidth(
+        run_dir, names, Path(bench).resolve() if bench else None, types)
+    warnings += bench_warnings
+    workload = _workload(plan)
+    training = _training(run_dir, summary, names, warnings) if workload == "train" else None
+    backend = _backend(run_dir, nodes)
+    return {
+        "run_id": plan.get("run_id", run_dir.name),
+        "status": (summary or {}).get("status", "unknown"),
+        "workload": workload,
+        "backend": backend,
+        "nnodes": len(nodes),
+        "world_size": plan.get("world_size"),
+        "nodes": entries,
+        "bandwidth": bandwidth,
+        "training": training,
+        "warnings": warnings,
+        "advice": _advice(entries, training, backend),
+    }
+
+
+def _advice(entries: list[dict], training: dict | None, backend: str | None) -> list[str]:
+    out = []
+    if len(entries) > 1 and any(e["efa"]["expected"] and e["efa"]["used"] is False
+                                for e in entries):
+        out.append("make NCCL use EFA: the aws-ofi-nccl plugin must load (`launch setup`, role "
+                   "efa; FI_PROVIDER=efa in the node's /etc/launch/nccl.env) and the security "
+                   "group must allow all traffic between its own members")
+    share = training.get("comm_share") if training else None
+    hook = training.get("comm_hook") if training else None
+    by_share = advice.share_advice(share, hook, backend)
+    if by_share or hook not in (None, "none"):
+        return out + by_share  # already compressing: the wiring's advice would say so again
+    classes = [e["interconnect"]["class"] for e in entries if e["interconnect"]]
+    logs = [e for e in entries if e["nccl"]]
+    fast = None
+    if len(entries) > 1 and logs:
+        fast = all(e["efa"]["used"] or any(t.startswith("NET/IB") for t in e["nccl"]["transports"])
+                   for e in logs)
+    return out + advice.wiring_advice(advice.slowest_class(classes), len(entries), fast, backend)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _gb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GB/s"
+
+
+def _node_row(entry: dict, backend: str | None, nnodes: int) -> str:
+    ic = entry["interconnect"]
+    if ic:
+        worst = f", worst link {ic['worst_link']}" if ic["worst_link"] else ""
+        interconnect = f"{ic['class']}{worst} ({ic['source']})"
+    elif not entry["gpus"]:
+        interconnect = "none: CPU node"
+    else:
+        interconnect = "unknown (no topology.txt, facts or instance type)"
+    nccl = entry["nccl"]
+    if nccl:
+        version = nccl["version"] or "version not logged"
+        transports = ", ".join(f"{t} x{n}" for t, n in nccl["transports"].items())
+        network = f"{nccl['network'] or 'not logged'}; {transports or 'no connection logged'}"
+    elif backend == "gloo":
+        version = "not used (gloo)"
+        iface = entry.get("gloo_interface")
+        network = f"gloo over TCP{f' ({iface})' if iface else ''}"
+    else:
+        version = "no NCCL_DEBUG logs"
+        network = "unknown"
+    efa = entry["efa"]
+    if efa["expected"] is None and efa["used"] is None:
+        efa_cell = "n/a"
+    elif nnodes == 1:
+        efa_cell = "not needed (one node)"
+    else:
+        expected = "?" if efa["expected"] is None else str(efa["expected"])
+        used = ("not logged" if efa["used"] is None
+                else f"yes ({efa['nics']} NICs)" if efa["used"] else "no")
+        efa_cell = f"{expected} / {used}"
+    cells = [entry["name"], entry["instance_type"] or "unknown", str(entry["gpus"] or 0),
+             interconnect, version, network, efa_cell]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_markdown(report: dict, *, color: bool = False) -> str:
+    """report.md; with `color`, warnings in red for a terminal."""
+    lines = [
+        f"# Run report: {report['run_id']}",
+        "",
+        f"{report['status']} · {report['workload']} · backend {report['backend'] or 'unknown'} "
+        f"· {report['nnodes']} node(s), world size {report['world_size']}",
+        "",
+        "## Nodes",
+        "",
+        "| node | instance type | GPUs | interconnect | NCCL | network; transports "
+        "(connections) | EFA expected / used |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [_node_row(entry, report["backend"], report["nnodes"])
+              for entry in report["nodes"]]
+    lines += ["", "## Bus bandwidth", ""]
+    bw = report["bandwidth"]
+    if bw["source"] is None:
+        lines.append("None measured on these nodes: run `launch bench` with the same nodes "
+                     "(its bandwidth.json is quoted here by later runs).")
+    else:
+        peak = bw["link_peak"]
+        against = (f" = {bw['ratio']:.0%} of the catalog's {peak['label']}" if bw["ratio"]
+                   is not None else " (the link's peak is unknown: no instance type)")
+        lines.append(f"{bw['collective']} peak busbw {_gb(bw['peak_busbw'])}{against}; "
+                     f"from {bw['source']}.")
+    lines += ["", "## Training", ""]
+    tr = report["training"]
+    if report["workload"] == "bench":
+        lines.append("A bench run: no training.")
+    elif tr is None:
+        lines.append("No training step was logged.")
+    else:
+        speed = ("n/a" if tr["images_per_sec"] is None
+                 else f"{tr['images_per_sec']:.1f} images/s")
+        step = "" if tr["step_time_s"] is None else f", {tr['step_time_s']:.4f} s per step"
+        lines.append(f"{speed}{step} (from {tr['source']}).")
+        if tr["comm_share"] is not None:
+            lines.append(f"Waiting on communication: {tr['comm_share']:.0%} of step time (a "
+                         f"step averages {tr['comm_wait_s']:.4f} s waiting and "
+                         f"{tr['compute_s']:.4f} s the rest; comm hook "
+                         f"{tr['comm_hook'] or 'unknown'}).")
+        auto = tr.get("auto")
+        if auto:
+            trial = ("" if auto["powersgd_step_s"] is None
+                     else f", PowerSGD trial {auto['powersgd_step_s']:.4f} s")
+            lines.append(f"comm_hook auto chose {auto['choice']} at step "
+                         f"{auto['decided_at_step']}: {auto['reason']} (plain all-reduce step "
+                         f"{auto['allreduce_step_s']:.4f} s{trial}).")
+    if report["warnings"]:
+        lines += ["", "## Warnings", ""]
+        for warning in report["warnings"]:
+            text = f"- warning: {warning}"
+            lines.append(f"{RED}{text}{RESET}" if color else text)
+    lines += ["", "## What to change", ""]
+    if report["advice"]:
+        lines += [f"- {item}" for item in report["advice"]]
+    elif report["warnings"]:
+        lines.append("- see the warnings above")
+    else:
+        lines.append("- nothing: no sign that the links hold this run back")
+    return "\n".join(lines) + "\n"
+
+
+def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
+    """Writes report.json and report.md into the run folder; returns the report."""
+    run_dir = Path(run_dir)
+    report = build_report(run_dir, bench=bench)
+    for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
+                       (REPORT_MD, render_markdown(report))):
+        tmp = run_dir / f"{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(run_dir / name)
+    return report
+
+
+def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
+    """After a run: where the report is, then its warnings (red on a terminal) and advice."""
+    stream = stream or sys.stdout
+    report = write_run_report(run_dir)
+    color = stream.isatty()
+    stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}\n")
+    for warning in report["warnings"]:
+        text = f"launch: warning: {warning}"
+        stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")
+    for item in report["advice"]:
+        stream.write(f"launch: to change: {item}\n")
+    stream.flush()

@@ -1,0 +1,62 @@
+"""Run folders as `launch run` leaves them, assembled from the area's fixture files.
+
+tests/nccl/data/runs/ holds what the trainer and runner write (plan, summary, result,
+metrics); the NCCL logs and topology dumps come from the parser fixtures, one file per host as
+NCCL_DEBUG_FILE=nccl-debug.%h.%p.log writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from launcher.nccl.bench import bandwidth_document
+from launcher.nccl.links import link_peak
+from launcher.nccl.nccl_tests import parse_nccl_tests
+
+
+def split_by_host(log: Path, folders: dict[str, Path]) -> None:
+    """One log of several hosts -> one file per host; lines without a host go to every one."""
+    lines = log.read_text().splitlines(keepends=True)
+    for host, folder in folders.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        mine = [line for line in lines
+                if line.startswith(f"{host}:") or not any(line.startswith(f"{h}:")
+                                                          for h in folders)]
+        (folder / f"nccl-debug.{host}.4127.log").write_text("".join(mine))
+
+
+def copy_log(log: Path, folder: Path, host: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(log, folder / f"nccl-debug.{host}.100.log")
+
+
+def build_runs(data: Path, into: Path) -> tuple[Path, Path]:
+    """(runs folder, facts folder) with the runs p4d-socket, bench-sock, p4d-efa, g6e-single."""
+    runs = into / "runs"
+    shutil.copytree(data / "runs", runs)
+    sock = runs / "p4d-socket"
+    split_by_host(data / "debug_socket_2nodes.log",
+                  {"ip-10-0-0-5": sock / "p4d-a", "ip-10-0-0-6": sock / "p4d-b"})
+    for node in ("p4d-a", "p4d-b"):
+        shutil.copyfile(data / "topo_p4d.txt", sock / node / "topology.txt")
+    # The bench beside it: nccl-tests reduce_scatter on the same two hosts, over sockets.
+    table = data / "rs_interleaved_debug.txt"
+    run = parse_nccl_tests(table.read_text(), str(table))
+    doc = bandwidth_document(run, source="nccl-tests", run_id="bench-sock", nnodes=2,
+                             instance_type="p4d.24xlarge", peak=link_peak("p4d.24xlarge", 2),
+                             backend="nccl", dtype="float")
+    (runs / "bench-sock" / "bandwidth.json").write_text(json.dumps(doc, indent=2))
+    efa = runs / "p4d-efa"
+    copy_log(data / "debug_efa_node1.log", efa / "efa-1", "ip-172-31-40-11")
+    copy_log(data / "debug_efa_node2.log", efa / "efa-2", "ip-172-31-44-200")
+    copy_log(data / "debug_single_node_pcie.log", runs / "g6e-single" / "g6e-box", "g6e-box")
+    shutil.copyfile(data / "topo_g6e_pcie.txt", runs / "g6e-single" / "g6e-box" / "topology.txt")
+    # What `launch setup` fetched for the EFA nodes: their topology and EFA device count.
+    facts = into / "launch-home" / "clusters" / "efa" / "facts"
+    facts.mkdir(parents=True)
+    for host in ("efa-1", "efa-2"):
+        (facts / f"{host}.json").write_text(json.dumps({
+            "host": host, "efa_devices": 4, "topology": (data / "topo_p4d.txt").read_text()}))
+    return runs, facts

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import importlib.util
+import socket
+
+import pytest
+import torch.distributed as dist
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A real gloo process group of one rank in this process: DDP and hooks run for real."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def ddp_tuning():
+    """benchmarks/ddp_tuning.py as a module: its variants are what the tests check."""
+    spec = importlib.util.spec_from_file_location("ddp_tuning", REPO / "benchmarks/ddp_tuning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def capped_lab(tmp_path_factory):
+    """Two lab hosts whose links are capped at 20 Mbit/s each way."""
+    from launcher.lab import Lab, lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    lab = Lab.create(tmp_path_factory.mktemp("lab") / "lab", hosts=2, cap="20mbit")
+    yield lab
+    lab.destroy()

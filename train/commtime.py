@@ -1,0 +1,115 @@
+"""How much of each training step is spent waiting on gradient communication.
+
+Method. DDP overlaps its all-reduces with the backward pass: a bucket is handed to the comm
+hook (the built-in all-reduce, fp16/bf16 compression or PowerSGD) as soon as its gradients
+exist, and `loss.backward()` returns only once every bucket's future has completed and its
+result is back in the gradients. Communication hidden under the remaining backward compute
+costs nothing; what costs step time is the part still running when the last gradient has been
+computed. So the exposed wait of a step is
+
+    comm_wait = (backward returned) - (last gradient accumulated)
+
+The "last gradient accumulated" time comes from a post-accumulate-grad hook on every parameter
+(each call only reads the clock, or re-records one CUDA event), not from wrapping the comm
+hook: the same measurement then covers every hook, including DDP's built-in all-reduce, which
+has no Python hook to wrap; and the gradients, buckets and hook are untouched, so numerics are
+unchanged. The last gradient is also what makes the last bucket ready, so this is the time from
+the last bucket's hook call to the end of backward, compression work included.
+
+On CUDA the host returns from backward before NCCL finishes (DDP only makes the stream wait),
+so both ends are CUDA events on the current stream and read after the step's synchronize.
+
+Only the syncing micro-step of gradient accumulation communicates; the others add no wait.
+`compute_s` is the rest of the step (forward, backward compute, optimizer, data).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class StepComm:
+    step_time_s: float
+    comm_wait_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return max(0.0, self.step_time_s - self.comm_wait_s)
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_wait_s / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+def summarize(steps: list[StepComm]) -> dict[str, float]:
+    """Totals over steps: the share is total wait over total time, so long steps weigh more."""
+    total = sum(s.step_time_s for s in steps)
+    wait = sum(s.comm_wait_s for s in steps)
+    n = max(1, len(steps))
+    return {
+        "comm_wait_s": round(wait / n, 6),
+        "compute_s": round(max(0.0, total - wait) / n, 6),
+        "comm_share": round(wait / total, 4) if total > 0 else 0.0,
+    }
+
+
+class CommTimer:
+    """Per-step exposed communication wait of a DDP model.
+
+        timer = CommTimer(ddp.module, device)
+        loss.backward(); timer.backward_done()     # after the syncing backward only
+        ...; step = timer.step_done(step_time_s)   # after the step (and cuda synchronize)
+
+    `steps` holds one StepComm per step, for logging and for choosing a comm hook.
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[StepComm] = []
+        self._last_grad_at = self._backward_end_at = 0.0
+        if self.cuda:
+            # One event re-recorded by every gradient: after backward it marks the last one.
+            self._last_grad = torch.cuda.Event(enable_timing=True)
+            self._backward_end = torch.cuda.Event(enable_timing=True)
+        self._grad_seen = self._backward_seen = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                         for p in module.parameters() if p.requires_grad]
+
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        if self.cuda:
+            self._last_grad.record()
+        else:
+            self._last_grad_at = time.perf_counter()
+        self._grad_seen = True
+
+    def backward_done(self) -> None:
+        """Call right after the backward that synchronises gradients returns."""
+        if self.cuda:
+            self._backward_end.record()
+        else:
+            self._backward_end_at = time.perf_counter()
+        self._backward_seen = True
+
+    def _wait_s(self) -> float:
+        if not (self._grad_seen and self._backward_seen):
+            return 0.0
+        if self.cuda:
+            # Both events are complete: the caller synchronized the device before step_done.
+            return max(0.0, self._last_grad.elapsed_time(self._backward_end) / 1000.0)
+        return max(0.0, self._backward_end_at - self._last_grad_at)
+
+    def step_done(self, step_time_s: float) -> StepComm:
+        step = StepComm(step_time_s, min(self._wait_s(), step_time_s))
+        self.steps.append(step)
+        self._grad_seen = self._backward_seen = False
+        return step
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
