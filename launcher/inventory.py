@@ -7,7 +7,6 @@ one that hosts the c10d rendezvous store.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,10 +199,3 @@ def write_inventory(path: str | Path, nodes: list[Node], common: dict[str, Any] 
         text = "".join(f"# {line}\n" for line in header.splitlines()) + text
     Path(path).write_text(text)
 
-
-def is_ip_address(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True

@@ -64,10 +64,13 @@ class RunPlan:
     recipe_name: str
     recipe_source: str
     rdzv_endpoint: str
-    nnodes: int
     nproc_per_node: int
     nodes: tuple[NodeCommand, ...]
     notes: tuple[str, ...] = ()
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
 
     @property
     def world_size(self) -> int:
@@ -222,6 +225,6 @@ def plan_run(
         ))
     return RunPlan(
         run_id=run_id, recipe_name=recipe.name, recipe_source=recipe.source,
-        rdzv_endpoint=rdzv, nnodes=len(nodes), nproc_per_node=nproc, nodes=tuple(commands),
+        rdzv_endpoint=rdzv, nproc_per_node=nproc, nodes=tuple(commands),
         notes=notes,
     )

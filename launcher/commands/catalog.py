@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from launcher import catalog
 from launcher.catalog import PRICE_AS_OF, PRICE_REGION, InstanceFacts
-from launcher.provision import aws
+from launcher.commands.common import aws_command
 from launcher.provision.table import format_table
 
 
@@ -29,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def live(types: list[str], region: str | None) -> tuple[dict[str, InstanceFacts], str]:
     """Built-in facts enriched from EC2 where possible, and a note on where they came from."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from launcher.provision import aws
+
     facts = {t: catalog.lookup(t) for t in types}
     sess = aws.session(region)
     if not aws.has_credentials(sess) or not sess.region_name:
@@ -43,6 +45,7 @@ def live(types: list[str], region: str | None) -> tuple[dict[str, InstanceFacts]
     return facts, f"built-in table, EC2 columns from DescribeInstanceTypes in {sess.region_name}"
 
 
+@aws_command
 def run(args: argparse.Namespace) -> int:
     types = args.types or catalog.known_types()
     if args.offline:

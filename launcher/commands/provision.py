@@ -6,9 +6,7 @@ import argparse
 import getpass
 import re
 
-from botocore.exceptions import BotoCoreError
-
-from launcher.provision.aws import AwsError
+from launcher.commands.common import aws_command
 from launcher.provision.plan import ProvisionSpec
 
 
@@ -71,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@aws_command
 def run(args: argparse.Namespace) -> int:
     from launcher.provision.up import provision
 
@@ -83,7 +82,4 @@ def run(args: argparse.Namespace) -> int:
         disk_gb=args.disk_gb, inventory=args.inventory, skip_setup=args.skip_setup,
         wait_ssh=args.wait_ssh, keep_on_failure=args.keep_on_failure,
     )
-    try:
-        return provision(spec, dry_run=args.dry_run, as_json=args.json)
-    except BotoCoreError as err:
-        raise AwsError(f"AWS could not be reached or configured: {err}") from None
+    return provision(spec, dry_run=args.dry_run, as_json=args.json)

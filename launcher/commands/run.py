@@ -82,12 +82,13 @@ def plan_local(recipe: Recipe, count: int, run_id: str, runs_dir: str,
 
 def execute_local(plan: RunPlan, runs_dir: str, grace_s: float = 5.0) -> dict:
     """Runs a local plan to the end; returns the summary or raises RunFailed."""
-    from launcher.execute.local import LocalNodeProcess
+    from launcher.execute.local import LocalNodeProcess, reap_run
     from launcher.execute.runner import execute_plan
 
     folder = RunFolder.create(runs_dir, plan.run_id)
     procs = [LocalNodeProcess(cmd) for cmd in plan.nodes]
-    return execute_plan(plan, folder, procs, grace_s=grace_s)
+    return execute_plan(plan, folder, procs, grace_s=grace_s,
+                        after=lambda: reap_run(plan.run_id))
 
 
 def run_local(args, recipe: Recipe, count: int, run_id: str) -> int:

@@ -17,6 +17,7 @@ from launcher.recipe import Recipe
 from launcher.runfolder import RunFolder
 from launcher.ssh import SshOptions
 
+
 def node_run_dir(node: Node, run_id: str) -> str:
     """`launch_run_root` (default .launch/runs, relative to the SSH login directory, so the
     plan needs no knowledge of the node's $HOME) / run id / node name. The node name is in

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from botocore.exceptions import BotoCoreError
-
-from launcher.provision.aws import AwsError
+from launcher.commands.common import aws_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,10 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@aws_command
 def run(args: argparse.Namespace) -> int:
     from launcher.provision.status import status
 
-    try:
-        return status(args.region, as_json=args.json, show_all=args.all)
-    except BotoCoreError as err:
-        raise AwsError(f"AWS could not be reached or configured: {err}") from None
+    return status(args.region, as_json=args.json, show_all=args.all)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from botocore.exceptions import BotoCoreError
-
-from launcher.provision.aws import AwsError
+from launcher.commands.common import aws_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,10 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@aws_command
 def run(args: argparse.Namespace) -> int:
     from launcher.provision.teardown import teardown
 
-    try:
-        return teardown(args.cluster, args.region, dry_run=args.dry_run)
-    except BotoCoreError as err:
-        raise AwsError(f"AWS could not be reached or configured: {err}") from None
+    return teardown(args.cluster, args.region, dry_run=args.dry_run)

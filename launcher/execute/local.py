@@ -55,17 +55,16 @@ class LocalNodeProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def reap_group(self) -> None:
-        """After the agent is gone, make sure nothing of it outlives the run: every process
-        that carries this run's LAUNCH_RUN_ID (stamped by launch into the agent's environment
-        and inherited by its workers, whatever session they moved to). Never by name."""
-        run_id = self.command.env.get("LAUNCH_RUN_ID")
-        if run_id:
-            for pid in pids_with_env("LAUNCH_RUN_ID", run_id):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+
+def reap_run(run_id: str) -> None:
+    """After every agent is gone, make sure nothing of the run outlives it: every process that
+    carries its LAUNCH_RUN_ID (stamped by launch into each agent's environment and inherited
+    by the workers, whatever session they moved to). Never by name."""
+    for pid in pids_with_env("LAUNCH_RUN_ID", run_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def pids_with_env(key: str, value: str) -> list[int]:

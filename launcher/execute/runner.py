@@ -61,6 +61,9 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
             "reason": outcome.reason,
             "interrupted": outcome.status == "interrupted",
             "first_failed_node": outcome.first_failure,
+            # How long stopping every other node took (SIGTERM, then SIGKILL after --grace).
+            "stopped_in_s": None if outcome.stop_latency_s is None
+            else round(outcome.stop_latency_s, 3),
             "last_lines": tails.get(outcome.first_failure or "", []),
         }
     return summary
@@ -81,12 +84,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     finally:
         display.close()
         router.close()
-    for proc in procs:
-        # Anything a stopped agent left in its process group goes too (by recorded id).
-        if hasattr(proc, "reap_group"):
-            proc.reap_group()
     if after is not None:
-        after()  # e.g. fetch remote files; also after a failure, so nothing is lost
+        after()  # e.g. reap leftovers, fetch remote files; also after a failure
     folder.gather_metrics([n.name for n in plan.nodes])
     tails = {n.name: router.tail(n.name, 20) for n in plan.nodes}
     summary = build_summary(plan, outcome, folder, started, _now(), tails)

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from launcher.logs import LineRouter
@@ -54,7 +54,6 @@ class Outcome:
     reason: str = ""
     duration_s: float = 0.0
     stop_latency_s: float | None = None   # from the first failure to the last node gone
-    signals: list[str] = field(default_factory=list)
 
 
 def describe_exit(code: int | None) -> str:

@@ -82,6 +82,7 @@ def test_killed_worker_stops_every_node_and_leaves_nothing(background_launch, tm
     summary = json.loads((tmp_path / "runs/kill/summary.json").read_text())
     assert summary["status"] == "failed"
     assert summary["failure"]["first_failed_node"] == "node1"
+    assert summary["failure"]["stopped_in_s"] is not None
     assert {n["name"]: n["status"] for n in summary["nodes"]} == {"node0": "stopped",
                                                                   "node1": "failed"}
     assert run_pids("kill") == []

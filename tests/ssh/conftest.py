@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from launcher.lab import Lab, lab_unavailable_reason
+from tests.run.conftest import run_pids
 
 
 @pytest.fixture
@@ -23,15 +24,8 @@ def lab(tmp_path_factory):
 
 def run_env_pids(lab: Lab, host: str, run_id: str) -> list[int]:
     """Processes on a lab host (its network namespace) that belong to the run."""
-    needle = f"LAUNCH_RUN_ID={run_id}".encode()
-    found = []
-    for pid in lab.pids(host):
-        try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+    on_host = set(lab.pids(host))
+    return [pid for pid in run_pids(run_id) if pid in on_host]
 
 
 def only_sshd_left(lab: Lab) -> dict[str, list[str]]:
