@@ -52,7 +52,7 @@ VARIANTS = {
 
 
 def variant_recipe(name: str, epochs: float) -> dict:
-    base = yaml.safe_load((REPO / "recipes/vit-tiny-local.yml").read_text())
+    base = yaml.safe_load((REPO / "launcher/recipes/vit-tiny-local.yml").read_text())
     base["name"] = f"tuning-{name.replace('+', '-')}"
     base["train"].update(epochs=epochs, log_every=10)
     base["ddp"] = VARIANTS[name]

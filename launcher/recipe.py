@@ -221,8 +221,22 @@ def recipe_from_mapping(data: Any, source: str) -> Recipe:
     return recipe
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    path = str(path)
+def resolve_recipe(arg: str | Path) -> Path:
+    """A recipe file, or the name of a bundled recipe (`launch recipes` lists them)."""
+    from launcher.bundled import bundled_recipe, recipe_names
+
+    path = Path(arg)
+    if path.exists():
+        return path
+    bundled = bundled_recipe(str(arg))
+    if bundled is not None:
+        return bundled
+    raise RecipeError(str(arg), "", "no such file, and not the name of a bundled recipe ("
+                      + ", ".join(recipe_names()) + "; `launch recipes` lists them)")
+
+
+def load_recipe(arg: str | Path) -> Recipe:
+    path = str(resolve_recipe(arg))
     try:
         text = Path(path).read_text()
     except OSError as err:

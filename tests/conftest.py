@@ -28,7 +28,7 @@ def demo_local_run(tmp_path_factory):
     local-run test and the SSH test that must reach the same accuracy."""
     cwd = tmp_path_factory.mktemp("demo-local")
     proc = subprocess.run(
-        launch_cmd("run", "--local", "--nodes", "2", str(REPO / "recipes/vit-tiny-local.yml"),
+        launch_cmd("run", "--local", "--nodes", "2", str(REPO / "launcher/recipes/vit-tiny-local.yml"),
                    "--run-id", "demo"),
         cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
     )

@@ -18,7 +18,7 @@ from launcher.nccl import bench
 from launcher.nccl.links import facts, link_peak
 from launcher.nccl.nccl_tests import parse_nccl_tests
 from launcher.nccl.plot import plot_bandwidth
-from launcher.nccl.report import write_run_report
+from launcher.report import write_run_report
 from launcher.nccl.summary import human_bytes
 from launcher.plan import RunPlan
 from launcher.recipe import Recipe, recipe_from_mapping

@@ -8,7 +8,7 @@ import json
 from launcher import catalog
 from launcher.catalog import PRICE_AS_OF, PRICE_REGION, InstanceFacts
 from launcher.commands.common import aws_command
-from launcher.provision.table import format_table
+from launcher.table import format_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

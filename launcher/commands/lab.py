@@ -25,7 +25,7 @@ def lab_up(args) -> int:
     for host in lab.hosts:
         print(f"{host.name}: {host.address} (netns {host.netns})")
     print(f"inventory: {lab.inventory}")
-    print(f"try:       launch run recipes/vit-tiny-local.yml -i {lab.inventory} "
+    print(f"try:       launch run vit-tiny-local -i {lab.inventory} "
           f"--nodes {len(lab.hosts)}")
     print(f"remove:    launch lab down --dir {lab.dir}")
     return 0

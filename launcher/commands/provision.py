@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.up import provision
+    from launcher.provision.create import provision
 
     spec = ProvisionSpec(
         cluster=args.cluster, instance_type=args.instance, count=args.count, region=args.region,

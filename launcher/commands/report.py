@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from launcher.nccl.report import (REPORT_JSON, REPORT_MD, ReportError, render_markdown,
+from launcher.report import (REPORT_JSON, REPORT_MD, ReportError, render_markdown,
                                   write_run_report)
 
 HELP = f"""\

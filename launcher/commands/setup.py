@@ -1,5 +1,5 @@
 """`launch setup -i INVENTORY [--check] [--tags ...] [--limit HOST] [-e VARS] [--cluster NAME]`:
-prepare nodes with Ansible (playbooks/site.yml, run by launcher.provision.setup)."""
+prepare nodes with Ansible (playbooks/site.yml, run by launcher.setup.apply)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ Exit code: 0 when every host succeeded; Ansible's code otherwise (2: a host fail
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from launcher.provision.setup import ROLE_TAGS
+    from launcher.setup.apply import ROLE_TAGS
 
     parser = subparsers.add_parser(
         "setup", help="install drivers, NCCL, EFA, torch and nccl-tests on the inventory's nodes",
@@ -72,7 +72,7 @@ def parse_extra_vars(values: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.setup import run_setup
+    from launcher.setup.apply import run_setup
 
     return run_setup(args.inventory, check=args.check, tags=args.tags, limit=args.limit,
                      cluster=args.cluster, extra_vars=parse_extra_vars(args.extra_vars))

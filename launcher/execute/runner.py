@@ -91,7 +91,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     summary = build_summary(plan, outcome, folder, started, _now(), tails)
     folder.write_json("summary.json", summary)
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
-        from launcher.nccl.report import print_run_report
+        from launcher.report import print_run_report
 
         print_run_report(folder.root)
     except Exception as err:  # noqa: BLE001

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from launcher.errors import LauncherError
+from launcher.home import cluster_dir, launch_home
 from launcher.provision.plan import iso
 
 LIVE = ("requested", "created")
@@ -25,14 +26,6 @@ LIVE = ("requested", "created")
 
 class LedgerError(LauncherError):
     pass
-
-
-def launch_home() -> Path:
-    return Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch")
-
-
-def cluster_dir(cluster: str, home: Path | None = None) -> Path:
-    return (home or launch_home()) / "clusters" / cluster
 
 
 def now_iso() -> str:

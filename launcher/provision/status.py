@@ -11,7 +11,7 @@ from typing import Any
 from launcher import catalog
 from launcher.provision import aws
 from launcher.provision.ledger import Ledger
-from launcher.provision.table import format_table
+from launcher.table import format_table
 from launcher.provision.plan import (
     CLUSTER_TAG, CREATED_AT_TAG, CREATED_BY_TAG, EXPIRES_AT_TAG, parse_iso,
 )

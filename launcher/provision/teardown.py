@@ -11,7 +11,8 @@ from launcher.errors import LauncherError
 from launcher.provision import aws, resources
 from launcher.provision.aws import NoCredentials
 from launcher.provision.dryrun import Check, send_dry_run
-from launcher.provision.ledger import Ledger, cluster_dir
+from launcher.home import cluster_dir
+from launcher.provision.ledger import Ledger
 from launcher.provision.plan import validate_cluster_name
 from launcher.provision.resources import ClusterResources
 

@@ -15,7 +15,7 @@ from launcher.inventory import Node, load_inventory
 from launcher.provision import hostkeys
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import ProvisionSpec, SiteFacts, plan_provision
-from launcher.provision.provision import Provisioner
+from launcher.provision.provisioner import Provisioner
 from launcher.ssh import known_hosts_for
 from launcher.provision.hostkeys import HostKey, HostKeyMismatch, SshWaitError
 

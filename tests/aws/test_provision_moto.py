@@ -25,7 +25,7 @@ from launcher import catalog
 from launcher.inventory import load_inventory
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import ProvisionSpec, SiteFacts, plan_provision
-from launcher.provision.provision import Provisioner
+from launcher.provision.provisioner import Provisioner
 
 CIDR = "203.0.113.7/32"
 

@@ -16,7 +16,7 @@ from launcher.provision import dryrun, resources
 from launcher.provision.aws import AwsError
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import ProvisionSpec, SiteFacts, plan_provision
-from launcher.provision.provision import CapacityError, Provisioner
+from launcher.provision.provisioner import CapacityError, Provisioner
 from launcher.provision.resolve import Resolver
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

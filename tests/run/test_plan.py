@@ -126,7 +126,7 @@ def test_shell_line_round_trips_to_the_same_argv():
 
 
 def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path):
-    proc = run_launch("run", "--local", "--nodes", "2", str(repo_root / "recipes/vit-tiny-local.yml"),
+    proc = run_launch("run", "--local", "--nodes", "2", str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
                       "--dry-run", "--json", "--run-id", "dry-1", check=True)
     plan = json.loads(proc.stdout)
     assert plan["run_id"] == "dry-1"
@@ -139,7 +139,7 @@ def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path)
         assert node["argv"][1:3] == ["-m", "torch.distributed.run"]
     # No run folder, no file of any kind: the tmp cwd holds only what the fixture made.
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-    text = run_launch("run", "--local", str(repo_root / "recipes/vit-tiny-local.yml"),
+    text = run_launch("run", "--local", str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
                       "--dry-run", "--run-id", "dry-2", check=True).stdout
     assert "node node0 (127.0.0.1, head, hosts the rendezvous" in text
     assert "is_host=0" in text and "OMP_NUM_THREADS=1" in text
@@ -147,7 +147,7 @@ def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path)
 
 
 def test_run_without_target_says_what_to_pass(run_launch, repo_root):
-    proc = run_launch("run", str(repo_root / "recipes/vit-tiny-local.yml"))
+    proc = run_launch("run", str(repo_root / "launcher/recipes/vit-tiny-local.yml"))
     assert proc.returncode == 2
     assert "--local" in proc.stderr and "-i INVENTORY" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -157,7 +157,8 @@ def test_recipe_knows_the_trainer_model_sizes():
     assert VIT_WIDTH_HEADS == {k: (v.width, v.heads) for k, v in VIT_SIZES.items()}
 
 
-@pytest.mark.parametrize("path", ["recipes/vit-tiny-local.yml", "recipes/vit-b16-p4d.yml",
-                                  "recipes/vit-b16-g6e.yml"])
+@pytest.mark.parametrize("path", ["launcher/recipes/vit-tiny-local.yml",
+                                  "launcher/recipes/vit-b16-p4d.yml",
+                                  "launcher/recipes/vit-b16-g6e.yml"])
 def test_shipped_recipes_load(repo_root, path):
     assert load_recipe(repo_root / path).name

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 SCRIPT = (Path(__file__).resolve().parents[2]
-          / "playbooks/roles/node_facts/files/collect_node_facts.py")
+          / "launcher/playbooks/roles/node_facts/files/collect_node_facts.py")
 
 TOPOLOGY = """\
 \tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID

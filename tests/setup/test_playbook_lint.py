@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "launcher" / "playbooks"
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -67,7 +67,7 @@ def _rel(path: Path, run_dir: Path) -> str:
 
 def facts_dirs() -> list[Path]:
     """Where `launch setup` put each cluster's node facts."""
-    from launcher.provision.ledger import launch_home
+    from launcher.home import launch_home
 
     return sorted((launch_home() / "clusters").glob("*/facts"))
 

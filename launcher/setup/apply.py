@@ -1,4 +1,5 @@
-"""`launch setup`: apply playbooks/site.yml to an inventory through ansible-runner.
+"""`launch setup`: apply the bundled playbooks (launcher/playbooks/site.yml) to an inventory
+through ansible-runner.
 
 `launch provision` calls `run_setup` on the inventory it wrote. Every host/task result is
 printed as it arrives (one line, host first, so parallel hosts stay readable), then a summary
@@ -19,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from launcher.bundled import playbooks_dir
 from launcher.errors import LauncherError
 from launcher.inventory import load_inventory
-from launcher.provision.ledger import cluster_dir, launch_home
+from launcher.home import cluster_dir, launch_home
 
-PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 PLAYBOOK = "site.yml"
 # The tags site.yml gives its roles; --tags accepts these.
 ROLE_TAGS = ("cuda_keyring", "nvidia_driver", "nccl", "efa", "python_env", "nccl_tests",
@@ -219,6 +220,7 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
         cluster = next((n.extra.get("launch_cluster") for n in nodes
                         if n.extra.get("launch_cluster")), None)
     ansible_playbook = _ansible_playbook()
+    playbooks = playbooks_dir()
     facts = facts_dir(inventory, cluster)
     run_dir = _new_run_dir()
     # Control sockets need a short path (108 bytes); $LAUNCH_HOME can be deep.
@@ -234,7 +236,7 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
         try:
             runner = ansible_runner.run(
                 private_data_dir=str(run_dir),
-                project_dir=str(PLAYBOOKS),
+                project_dir=str(playbooks),
                 playbook=PLAYBOOK,
                 inventory=str(inventory),
                 limit=limit,
@@ -249,7 +251,7 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
                     # ansible-runner turns host key checking off unless told otherwise; the
                     # inventory's known_hosts (launch provision verifies them) must count.
                     "ANSIBLE_HOST_KEY_CHECKING": "True",
-                    "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
+                    "ANSIBLE_CONFIG": str(playbooks / "ansible.cfg"),
                     "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
                     "ANSIBLE_NOCOLOR": "1",
                 },

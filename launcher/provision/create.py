@@ -14,12 +14,13 @@ from launcher.errors import LauncherError
 from launcher.inventory import Node
 from launcher.provision import aws, dryrun, resources
 from launcher.provision.aws import AwsError, NoCredentials
-from launcher.provision.ledger import Ledger, cluster_dir
+from launcher.home import cluster_dir
+from launcher.provision.ledger import Ledger
 from launcher.provision.plan import (
     ProvisionPlan, ProvisionSpec, ProvisionSpecError, parse_iso, plan_provision, render_plan,
     validate_spec,
 )
-from launcher.provision.provision import Provisioner
+from launcher.provision.provisioner import Provisioner
 from launcher.provision.resolve import Resolver, offline_site
 
 
@@ -100,7 +101,7 @@ def provision(spec: ProvisionSpec, *, dry_run: bool, as_json: bool) -> int:
         return 0
     try:
         # Imported here: setup pulls in ansible-runner, which provisioning itself does not need.
-        from launcher.provision.setup import run_setup
+        from launcher.setup.apply import run_setup
     except ImportError as err:
         raise LauncherError(
             f"the cluster is up, but `launch setup` cannot be loaded ({err}); run it later with "

@@ -1,0 +1,23 @@
+"""$LAUNCH_HOME (default ~/.launch): what launch keeps on this machine between commands.
+
+    $LAUNCH_HOME/clusters/<cluster>/   ledger.json, inventory.yml, facts/<host>.json
+    $LAUNCH_HOME/setup/<stamp>-*/      one ansible-runner folder per `launch setup`
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def launch_home() -> Path:
+    return Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch")
+
+
+def cluster_dir(cluster: str, home: Path | None = None) -> Path:
+    return (home or launch_home()) / "clusters" / cluster
+
+
+def cluster_inventory(cluster: str) -> Path:
+    """The inventory `launch provision` wrote for the cluster (what --cluster NAME reads)."""
+    return cluster_dir(cluster) / "inventory.yml"
