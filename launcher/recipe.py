@@ -231,8 +231,8 @@ def resolve_recipe(arg: str | Path) -> Path:
     bundled = bundled_recipe(str(arg))
     if bundled is not None:
         return bundled
-    raise RecipeError(str(arg), "", "no such file, and not the name of a bundled recipe ("
-                      + ", ".join(recipe_names()) + "; `launch recipes` lists them)")
+    raise RecipeError(str(arg), "", "cannot read the recipe: no such file, nor a bundled recipe "
+                      "of that name (" + ", ".join(recipe_names()) + ": `launch recipes`)")
 
 
 def load_recipe(arg: str | Path) -> Recipe:
