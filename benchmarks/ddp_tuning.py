@@ -31,7 +31,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.commands.run_ssh import launch_on_inventory  # noqa: E402
+from launcher.backends import LaunchOptions  # noqa: E402
+from launcher.backends.ssh import SshBackend  # noqa: E402
 from launcher.display import PlainDisplay  # noqa: E402
 from launcher.errors import RunFailed  # noqa: E402
 from launcher.inventory import load_inventory  # noqa: E402
@@ -64,8 +65,9 @@ def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, por
     run_id = f"{regime}-{recipe.name}"
     quiet = PlainDisplay(open(runs.parent / f"{run_id}.log", "w"))  # noqa: SIM115
     try:
-        summary = launch_on_inventory(recipe, load_inventory(lab.inventory), run_id, str(runs),
-                                      SshOptions(), rdzv_port=port, display=quiet)
+        summary = SshBackend(lab.inventory, SshOptions()).launch(
+            recipe, load_inventory(lab.inventory), run_id,
+            LaunchOptions(str(runs), display=quiet), rdzv_port=port)
     except RunFailed as err:
         raise SystemExit(f"{regime}/{name} failed:\n{err}") from None
     result = json.loads((runs / run_id / summary["rank0_node"] / "result.json").read_text())

@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.commands.run_ssh import launch_on_inventory, plan_inventory  # noqa: E402
+from launcher.backends import LaunchOptions  # noqa: E402
+from launcher.backends.ssh import SshBackend, plan_inventory  # noqa: E402
 from launcher.display import PlainDisplay  # noqa: E402
 from launcher.inventory import load_inventory  # noqa: E402
 from launcher.lab import Lab  # noqa: E402
@@ -56,8 +57,9 @@ def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int) ->
     started = time.time()
     # The benchmark prints its own table; the runs' lines go nowhere.
     quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
-    launch_on_inventory(recipe_for(hosts), nodes, run_id, str(runs_dir), SshOptions(),
-                        rdzv_port=port, program=probe_program, display=quiet)
+    SshBackend(lab.inventory, SshOptions()).launch(
+        recipe_for(hosts), nodes, run_id, LaunchOptions(str(runs_dir), display=quiet),
+        rdzv_port=port, program=probe_program)
     logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
     return last_rank_passed(logs, hosts) - started
 

@@ -7,6 +7,7 @@ one that hosts the c10d rendezvous store.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,14 +55,6 @@ class Node:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def local_nodes(count: int) -> list[Node]:
-    """N node agents on this machine; they all talk over loopback."""
-    return [
-        Node(name=f"node{i}", address="127.0.0.1", private_address="127.0.0.1", interface="lo")
-        for i in range(count)
-    ]
 
 
 def _host_entries(path: str, group: dict[str, Any], inherited: dict[str, Any], out: dict):
@@ -121,7 +114,7 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
     )
 
 
-def load_inventory(path: str | Path) -> list[Node]:
+def load_inventory(path: str | Path, limit: str | None = None) -> list[Node]:
     """All hosts of an Ansible YAML inventory, in file order, with group vars applied."""
     path = str(path)
     try:
@@ -141,7 +134,13 @@ def load_inventory(path: str | Path) -> list[Node]:
     _host_entries(path, data["all"], {}, entries)
     if not entries:
         raise InventoryError(path, None, "the inventory lists no hosts under all.hosts")
-    return [node_from_vars(path, name, hv) for name, hv in entries.items()]
+    nodes = [node_from_vars(path, name, hv) for name, hv in entries.items()]
+    if limit:
+        patterns = [p for p in limit.split(",") if p]
+        nodes = [n for n in nodes if any(fnmatch.fnmatchcase(n.name, p) for p in patterns)]
+        if not nodes:
+            raise InventoryError(path, None, f"--limit {limit} matches no host")
+    return nodes
 
 
 def select_nodes(nodes: list[Node], count: int, path: str | Path) -> list[Node]:

@@ -16,6 +16,7 @@ from launcher.errors import RecipeError
 from launcher.inventory import Node
 from launcher.recipe import Recipe
 from launcher.torchrun import endpoint, torchrun_argv
+from train.options import argv_for
 
 
 @dataclass(frozen=True)
@@ -110,37 +111,9 @@ class RunPlan:
 
 
 def trainer_args(recipe: Recipe, out_dir: str) -> list[str]:
-    """The recipe's train and ddp blocks as train/main.py flags: each value one argv item."""
-    t, d = recipe.train, recipe.ddp
-    args = ["--model", t.model]
-    for flag, value in (("--depth", t.depth), ("--width", t.width), ("--heads", t.heads)):
-        if value is not None:
-            args += [flag, str(value)]
-    args += ["--dataset", t.dataset, "--image-size", str(t.image_size),
-             "--patch-size", str(t.patch_size), "--batch-size", str(t.batch_size)]
-    args += ["--steps", str(t.steps)] if t.steps is not None else ["--epochs", f"{t.epochs:g}"]
-    args += ["--lr", repr(t.lr), "--weight-decay", repr(t.weight_decay)]
-    if t.warmup_steps is not None:
-        args += ["--warmup-steps", str(t.warmup_steps)]
-    args += ["--precision", t.precision, "--seed", str(t.seed),
-             "--grad-accum-steps", str(t.grad_accum_steps), "--num-workers", str(t.num_workers),
-             "--log-every", str(t.log_every)]
-    if d.static_graph:
-        args.append("--static-graph")
-    if d.gradient_as_bucket_view:
-        args.append("--gradient-as-bucket-view")
-    bucket = d.bucket_cap_mb if d.bucket_cap_mb == "auto" else repr(d.bucket_cap_mb)
-    args += ["--bucket-cap-mb", bucket, "--comm-hook", d.comm_hook]
-    if d.comm_hook in ("powersgd", "auto"):
-        p = d.powersgd
-        args += ["--powersgd-rank", str(p.rank), "--powersgd-start-iter", str(p.start_iter),
-                 "--powersgd-warm-start" if p.warm_start else "--no-powersgd-warm-start",
-                 "--powersgd-error-feedback" if p.error_feedback
-                 else "--no-powersgd-error-feedback"]
-    if t.save_model:
-        args.append("--save-model")
-    args += ["--out-dir", out_dir]
-    return args
+    """The recipe's train and ddp blocks as train/main.py flags, each value one argv item,
+    spelled by the trainer's own option table (train/options.py)."""
+    return [*argv_for(recipe.model_dump()), "--out-dir", out_dir]
 
 
 def resolve_nproc(recipe: Recipe, gpus: int) -> int:

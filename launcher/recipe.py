@@ -6,20 +6,79 @@ here, with the file and the key path, instead of at step 1 on a cluster that bil
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError,
+                      field_validator, model_validator)
 
 from launcher.errors import RecipeError
+from launcher.yamlfile import YamlFileError, load_yaml_file, shorten
+from train.options import AUTO, AUTO_MEASURE_STEPS, AUTO_TRIAL_STEPS, BY_KEY
 
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
 VIT_WIDTH_HEADS = {"vit_tiny": (192, 3), "vit_s16": (384, 6), "vit_b16": (768, 12)}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_NODES = 4096
+MAX_PROCS_PER_NODE = 64
+MAX_ENV_VALUE = 4096
+
+# Environment names a recipe may not set, and why. Everything else passes through (NCCL_*,
+# FI_*, OMP_NUM_THREADS, LD_LIBRARY_PATH for a custom NCCL, GLOO/NCCL_SOCKET_IFNAME to
+# override the interface launch found...), the recipe winning over launch's defaults.
+RESERVED_ENV = {
+    "LAUNCH_": "launch's own run stamp and node name: cleanup finds a run's processes by them",
+    "TORCHELASTIC_": "torchrun's own variables",
+    "RANK": "torchrun assigns ranks", "LOCAL_RANK": "torchrun assigns ranks",
+    "GROUP_RANK": "torchrun assigns ranks", "ROLE_RANK": "torchrun assigns ranks",
+    "WORLD_SIZE": "torchrun sets it from nodes x nproc_per_node",
+    "LOCAL_WORLD_SIZE": "torchrun sets it from nproc_per_node",
+    "MASTER_ADDR": "torchrun sets it from the rendezvous",
+    "MASTER_PORT": "torchrun sets it from the rendezvous",
+    "CUDA_VISIBLE_DEVICES": "launch splits GPUs between local nodes; use nproc_per_node",
+    "PATH": "the node's interpreter and tools are found through it",
+    "PYTHONPATH": "the trainer's code is found through it",
+    "PYTHONHOME": "the node's interpreter depends on it",
+    "PYTHONUNBUFFERED": "launch needs the workers' lines as they are printed",
+    "LD_PRELOAD": "a preloaded library changes every process launch starts, cleanup included",
+    "NCCL_DEBUG_FILE": "the run report reads NCCL's logs from the file launch names",
+}
+
+
+def reserved_env_reason(name: str) -> str | None:
+    for prefix, why in RESERVED_ENV.items():
+        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
+            return why
+    return None
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+WholeNumber = Annotated[int, Strict()]
+Number = Annotated[float, BeforeValidator(_no_bool)]
+Switch = Annotated[bool, Strict()]
+
+
+def _field(key: str) -> Any:
+    """The recipe field for one of the trainer's options: its default, bounds and help come
+    from train/options.py, the one declaration the trainer parses too."""
+    option = BY_KEY[key]
+    bounds: dict[str, Any] = {}
+    if option.low is not None:
+        bounds["ge"] = option.low
+    if option.high is not None:
+        bounds["le"] = option.high
+    if option.kind == "float":
+        bounds["allow_inf_nan"] = False
+    return Field(option.default, description=option.help, **bounds)
 
 
 class _Strict(BaseModel):
@@ -27,37 +86,37 @@ class _Strict(BaseModel):
 
 
 class Rendezvous(_Strict):
-    port: int = Field(29500, ge=1024, le=65535)
+    port: WholeNumber = Field(29500, ge=1024, le=65535)
     # Seconds the node agents wait for each other before giving up (c10d join_timeout).
-    timeout: int = Field(600, ge=10)
+    timeout: WholeNumber = Field(600, ge=10, le=86400)
 
 
 class Train(_Strict):
-    model: Literal["vit_tiny", "vit_s16", "vit_b16"] = "vit_tiny"
+    model: Literal["vit_tiny", "vit_s16", "vit_b16"] = _field("train.model")
     # Optional overrides of the standard size (e.g. a shallower model for a CPU demo).
-    depth: int | None = Field(None, ge=1)
-    width: int | None = Field(None, ge=8)
-    heads: int | None = Field(None, ge=1)
-    dataset: str = "synthetic"
-    image_size: int = Field(224, ge=4)
-    patch_size: int = Field(16, ge=1)
-    batch_size: int = Field(32, ge=1)
-    steps: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
-    lr: float = Field(5e-4, gt=0)
-    weight_decay: float = Field(0.05, ge=0)
-    warmup_steps: int | None = Field(None, ge=0)
-    precision: Literal["fp32", "bf16"] = "fp32"
-    seed: int = 0
-    grad_accum_steps: int = Field(1, ge=1)
-    num_workers: int = Field(0, ge=0)
-    log_every: int = Field(10, ge=1)
-    save_model: bool = False
+    depth: WholeNumber | None = _field("train.depth")
+    width: WholeNumber | None = _field("train.width")
+    heads: WholeNumber | None = _field("train.heads")
+    dataset: str = _field("train.dataset")
+    image_size: WholeNumber = _field("train.image_size")
+    patch_size: WholeNumber = _field("train.patch_size")
+    batch_size: WholeNumber = _field("train.batch_size")
+    steps: WholeNumber | None = _field("train.steps")
+    epochs: Number | None = _field("train.epochs")
+    lr: Number = _field("train.lr")
+    weight_decay: Number = _field("train.weight_decay")
+    warmup_steps: WholeNumber | None = _field("train.warmup_steps")
+    precision: Literal["fp32", "bf16"] = _field("train.precision")
+    seed: WholeNumber = _field("train.seed")
+    grad_accum_steps: WholeNumber = _field("train.grad_accum_steps")
+    num_workers: WholeNumber = _field("train.num_workers")
+    log_every: WholeNumber = _field("train.log_every")
+    save_model: Switch = _field("train.save_model")
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str) -> str:
-        if not value.strip():
+        if not value.strip() or len(value) > 4096 or "\0" in value:
             raise ValueError("expected synthetic, digits or the path of an image folder")
         return value
 
@@ -69,40 +128,42 @@ class Train(_Strict):
 
 
 class PowerSGD(_Strict):
-    rank: int = Field(1, ge=1)
-    start_iter: int = Field(10, ge=0)
-    warm_start: bool = True
-    error_feedback: bool = True
+    rank: WholeNumber = _field("ddp.powersgd.rank")
+    start_iter: WholeNumber = _field("ddp.powersgd.start_iter")
+    warm_start: Switch = _field("ddp.powersgd.warm_start")
+    error_feedback: Switch = _field("ddp.powersgd.error_feedback")
 
 
 class DDP(_Strict):
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
+    static_graph: Switch = _field("ddp.static_graph")
+    gradient_as_bucket_view: Switch = _field("ddp.gradient_as_bucket_view")
     # auto: the trainer times all-reduces on the real process group before building DDP and
     # picks the bucket size from the measured latency and bandwidth (train/ddp.py).
-    bucket_cap_mb: float | Literal["auto"] = 25.0
+    bucket_cap_mb: float | Literal["auto"] = Field(BY_KEY["ddp.bucket_cap_mb"].default)
     # auto: plain all-reduce first while the trainer measures how long it waits on
     # communication; PowerSGD (the powersgd block's rank) only if a trial shows it pays.
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "auto"] = "none"
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "auto"] = _field("ddp.comm_hook")
     powersgd: PowerSGD = PowerSGD()
 
     @field_validator("bucket_cap_mb", mode="before")
     @classmethod
     def _bucket(cls, value: Any) -> float | str:
-        if value == "auto":
+        if value == AUTO:
             return value
+        option = BY_KEY["ddp.bucket_cap_mb"]
         try:
             number = float(value)
-        except (TypeError, ValueError):
-            number = 0.0
-        if isinstance(value, bool) or number <= 0:
-            raise ValueError(f"expected a size in MiB > 0 or 'auto' (got {value!r})")
+        except (TypeError, ValueError, OverflowError):
+            number = float("nan")
+        if isinstance(value, bool) or not option.low <= number <= option.high:
+            raise ValueError(f"expected a size in MiB between {option.low:g} and "
+                             f"{option.high:g}, or 'auto' (got {shorten(value)})")
         return number
 
 
 class Recipe(_Strict):
     name: str
-    nodes: int = Field(1, ge=1)
+    nodes: WholeNumber = Field(1, ge=1, le=MAX_NODES)
     nproc_per_node: int | Literal["auto"] = "auto"
     rendezvous: Rendezvous = Rendezvous()
     env: dict[str, str | int | float | bool] = {}
@@ -115,23 +176,35 @@ class Recipe(_Strict):
     @classmethod
     def _name(cls, value: str) -> str:
         if not _RECIPE_NAME.match(value):
-            raise ValueError("use letters, digits, '.', '_' and '-' (it becomes part of run ids)")
+            raise ValueError("use up to 64 letters, digits, '.', '_' and '-', starting with a "
+                             "letter or digit (it becomes part of run ids and folder names)")
         return value
 
     @field_validator("nproc_per_node", mode="before")
     @classmethod
     def _nproc(cls, value: Any) -> int | str:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
-                               and value >= 1):
+        if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)
+                             and 1 <= value <= MAX_PROCS_PER_NODE):
             return value
-        raise ValueError(f"expected a whole number >= 1 or 'auto' (got {value!r})")
+        raise ValueError(f"expected a whole number from 1 to {MAX_PROCS_PER_NODE} or 'auto' "
+                         f"(got {shorten(value)})")
 
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
+        for key, item in value.items():
             if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+                raise ValueError(f"{shorten(key)} is not a valid environment variable name")
+            why = reserved_env_reason(key)
+            if why:
+                raise ValueError(f"{key} is set by launch and cannot come from a recipe ({why})")
+            text = str(item)
+            if "\0" in text:
+                raise ValueError(f"{key}: the value holds a NUL byte, which no environment "
+                                 "variable can carry")
+            if len(text) > MAX_ENV_VALUE:
+                raise ValueError(f"{key}: the value is {len(text)} characters; at most "
+                                 f"{MAX_ENV_VALUE}")
         return value
 
     def env_strings(self) -> dict[str, str]:
@@ -183,16 +256,32 @@ def _format_location(loc: tuple) -> str:
     return "".join(parts)
 
 
+def _keys_beside(loc: tuple) -> list[str]:
+    """The keys the recipe allows where the unknown key `loc[-1]` was written."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [k for k in model.model_fields if k != "source"]
+
+
 def _explain(err: dict) -> str:
     kind, msg = err["type"], err["msg"]
     got = err.get("input")
     if kind == "extra_forbidden":
-        return "unknown key (check the spelling; see the recipe reference in README.md)"
+        close = difflib.get_close_matches(str(err["loc"][-1]), _keys_beside(err["loc"]), n=1)
+        hint = f"did you mean `{close[0]}`?" if close else "check the spelling"
+        return f"unknown key ({hint} The recipe reference is in README.md)"
     if kind == "missing":
         return "required key is missing"
     msg = msg.removeprefix("Value error, ")
     msg = msg.replace("Input should be", "expected")
-    return f"{msg} (got {got!r})" if kind != "value_error" and not isinstance(got, dict) else msg
+    if kind == "value_error" or isinstance(got, dict):
+        return msg
+    return f"{msg} (got {shorten(got)})"
 
 
 def recipe_from_mapping(data: Any, source: str) -> Recipe:
@@ -238,14 +327,27 @@ def resolve_recipe(arg: str | Path) -> Path:
 def load_recipe(arg: str | Path) -> Recipe:
     path = str(resolve_recipe(arg))
     try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise RecipeError(path, "", f"cannot read the recipe: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise RecipeError(path, "", f"not valid YAML: {err}") from None
+        data = load_yaml_file(path, "recipe")
+    except YamlFileError as err:
+        raise RecipeError(path, "", err.why) from None
     return recipe_from_mapping(data, path)
+
+
+def recipe_warnings(recipe: Recipe) -> list[str]:
+    """Settings that load but will likely not do what the recipe means."""
+    warnings = []
+    steps = recipe.train.steps
+    if recipe.ddp.comm_hook == AUTO and steps is not None:
+        if steps < AUTO_MEASURE_STEPS:
+            warnings.append(
+                f"{recipe.source}: ddp.comm_hook auto needs {AUTO_MEASURE_STEPS} steps to "
+                f"measure communication and train.steps is {steps}: the run keeps plain "
+                "all-reduce and records auto as undecided")
+        elif steps < AUTO_TRIAL_STEPS:
+            warnings.append(
+                f"{recipe.source}: ddp.comm_hook auto may start a PowerSGD trial that needs "
+                f"{AUTO_TRIAL_STEPS} steps and train.steps is {steps}: auto may end undecided")
+    return warnings
 
 
 def check_recipe_for_hardware(recipe: Recipe, gpus_per_node: list[int]) -> None:

@@ -1,6 +1,7 @@
 """The run folder `runs/<run_id>/`: plan.json, one folder per node, metrics and summary.
 
     runs/<run_id>/
+      launch.json         who runs it: launch's pid and host, the run's process stamp
       plan.json           the exact plan that ran (argv and env per node)
       summary.json        status, world size, steps, images/s, final loss, eval accuracy
       metrics.jsonl       rank 0's logged steps (step, loss, images_per_sec, step_time_s, ...)
@@ -16,47 +17,71 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
+import socket
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError
+from launcher.names import path_component
+from launcher.yamlfile import shorten
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LAUNCH_FILE = "launch.json"
+STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
 
 
-def new_run_id(recipe_name: str, now: datetime | None = None) -> str:
+def new_run_id(prefix: str, now: datetime | None = None) -> str:
+    """<prefix>-<date>-<time>-<hex>; the prefix (a recipe name) is cut so that the id stays a
+    usable folder name however long the name."""
     now = now or datetime.now()
-    return f"{recipe_name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    return f"{prefix[:64]}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.match(run_id):
         raise LauncherError(
-            f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' (it names the run "
-            "folder and the rendezvous)"
+            f"--run-id {shorten(run_id)}: use up to 128 letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (it names the run folder and the rendezvous)"
         )
     return run_id
 
 
 class RunFolder:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, stamp: str = ""):
         self.root = root
+        # Marks every process of this run (LAUNCH_RUN_STAMP): the run id plus a random token,
+        # so that cleanup never reaches another run that happens to share the id.
+        self.stamp = stamp
 
     @classmethod
     def create(cls, runs_dir: str | Path, run_id: str) -> RunFolder:
-        root = Path(runs_dir).resolve() / run_id
+        check_run_id(run_id)
+        runs = Path(runs_dir)
+        if runs.exists() and not runs.is_dir():
+            raise LauncherError(f"--runs-dir {runs} is a file, not a folder")
+        root = runs.resolve() / run_id
         if root.exists():
             raise LauncherError(f"run folder {root} already exists: pass another --run-id "
                                 "(logs of earlier runs are never overwritten)")
-        root.mkdir(parents=True)
-        return cls(root)
+        try:
+            root.mkdir(parents=True)
+        except OSError as err:
+            raise LauncherError(f"cannot create the run folder {root} (--runs-dir): "
+                                f"{err.strerror or err}") from None
+        folder = cls(root, f"{run_id}.{secrets.token_hex(8)}")
+        folder.write_json(LAUNCH_FILE, {"run_id": run_id, "stamp": folder.stamp,
+                                        "pid": os.getpid(), "host": socket.gethostname(),
+                                        "started_at": datetime.now().astimezone().isoformat(
+                                            timespec="seconds")})
+        return folder
 
     def node_dir(self, node: str) -> Path:
-        return self.root / node
+        return self.root / path_component(node, "node name")
 
     def node_log(self, node: str) -> Path:
         return self.node_dir(node) / "node.log"

@@ -24,12 +24,12 @@ def launch_cmd(*args: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def demo_local_run(tmp_path_factory):
-    """The README's demo, run once with --local: (CompletedProcess, run folder). Shared by the
-    local-run test and the SSH test that must reach the same accuracy."""
+    """The README's demo, run once on this machine: (CompletedProcess, run folder). Shared by
+    the local-run test and the SSH test that must reach the same accuracy."""
     cwd = tmp_path_factory.mktemp("demo-local")
+    # As the README types it: no --local (the default without an inventory), a bundled name.
     proc = subprocess.run(
-        launch_cmd("run", "--local", "--nodes", "2", str(REPO / "launcher/recipes/vit-tiny-local.yml"),
-                   "--run-id", "demo"),
+        launch_cmd("run", "--nodes", "2", "vit-tiny-local", "--run-id", "demo"),
         cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
     )
     return proc, cwd / "runs" / "demo"

@@ -14,8 +14,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "auto")
-AUTO = "auto"
+from train.options import (AUTO, AUTO_MIN_COMM_SHARE, AUTO_SKIP_STEPS, AUTO_WINDOW_STEPS,
+                           COMM_HOOKS, default, options_under)
+
 # PowerSGD all-reduces plainly while state.iter < start_powerSGD_iter: "never" until auto
 # decides otherwise. (A constructor check wants > 1 when error feedback is on.)
 NEVER = 2**62
@@ -23,14 +24,35 @@ NEVER = 2**62
 
 @dataclass(frozen=True)
 class DDPSettings:
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    bucket_cap_mb: float = 25.0
-    comm_hook: str = "none"
-    powersgd_rank: int = 1
-    powersgd_start_iter: int = 10
-    powersgd_warm_start: bool = True
-    powersgd_error_feedback: bool = True
+    """The recipe's ddp block as the trainer received it (train/options.py declares it)."""
+
+    static_graph: bool = default("ddp.static_graph")
+    gradient_as_bucket_view: bool = default("ddp.gradient_as_bucket_view")
+    bucket_cap_mb: float = default("ddp.bucket_cap_mb")
+    comm_hook: str = default("ddp.comm_hook")
+    powersgd_rank: int = default("ddp.powersgd.rank")
+    powersgd_start_iter: int = default("ddp.powersgd.start_iter")
+    powersgd_warm_start: bool = default("ddp.powersgd.warm_start")
+    powersgd_error_feedback: bool = default("ddp.powersgd.error_feedback")
+
+    @classmethod
+    def from_args(cls, args) -> DDPSettings:
+        return cls(**{o.dest: getattr(args, o.dest) for o in options_under("ddp")})
+
+    def describe(self) -> str:
+        """For people: 'static_graph, gradient_as_bucket_view, buckets 5.25 MiB, comm_hook auto
+        (PowerSGD rank 4 if it pays)'."""
+        parts = [name for name in ("static_graph", "gradient_as_bucket_view")
+                 if getattr(self, name)]
+        parts.append(f"buckets {self.bucket_cap_mb:g} MiB")
+        hook = f"comm_hook {self.comm_hook}"
+        if self.comm_hook == "powersgd":
+            hook += (f" (rank {self.powersgd_rank} from step {self.powersgd_start_iter}, "
+                     f"error feedback {'on' if self.powersgd_error_feedback else 'off'})")
+        elif self.comm_hook == AUTO:
+            hook += f" (PowerSGD rank {self.powersgd_rank} if it pays)"
+        parts.append(hook)
+        return ", ".join(parts)
 
 
 class OneBucketAtATime:
@@ -190,8 +212,8 @@ class AutoCompression:
     reduced across ranks first, so all ranks make the same choice.
     """
 
-    def __init__(self, state, window: int = 6, skip: int = 2, min_share: float = 0.15,
-                 min_gain: float = 0.10):
+    def __init__(self, state, window: int = AUTO_WINDOW_STEPS, skip: int = AUTO_SKIP_STEPS,
+                 min_share: float = AUTO_MIN_COMM_SHARE, min_gain: float = 0.10):
         self.state, self.window, self.skip = state, window, skip
         self.min_share, self.min_gain = min_share, min_gain
         self.decision: AutoDecision | None = None

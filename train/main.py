@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from train.commtime import CommTimer, summarize  # noqa: E402
 from train.data import load_dataset  # noqa: E402
-from train.ddp import (AUTO, COMM_HOOKS, AutoCompression, DDPSettings,  # noqa: E402
-                       choose_bucket_cap_mb, probe_link, wrap_ddp)
-from train.model import VIT_SIZES, build_vit, count_parameters  # noqa: E402
+from train.ddp import (AUTO, AutoCompression, DDPSettings, choose_bucket_cap_mb,  # noqa: E402
+                       probe_link, wrap_ddp)
+from train.model import build_vit, count_parameters  # noqa: E402
+from train.options import add_options  # noqa: E402
 
 WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
 
@@ -52,45 +53,16 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def bucket_cap(value: str) -> float | str:
-    return value if value == AUTO else float(value)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options declared in train/options.py (what a recipe's train/ddp blocks hold, and
+    what launch passes), plus where to write and which backend to use."""
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", choices=sorted(VIT_SIZES), default="vit_tiny")
-    p.add_argument("--depth", type=int, help="override the model's number of blocks")
-    p.add_argument("--width", type=int, help="override the model's embedding width")
-    p.add_argument("--heads", type=int, help="override the model's attention heads")
-    p.add_argument("--dataset", default="synthetic", help="synthetic | digits | image folder path")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--patch-size", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int)
-    length.add_argument("--epochs", type=float)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up (default: 5%% of steps)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--grad-accum-steps", type=int, default=1)
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=10)
+    add_options(p)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--static-graph", action="store_true")
-    p.add_argument("--gradient-as-bucket-view", action="store_true")
-    p.add_argument("--bucket-cap-mb", type=bucket_cap, default=25.0,
-                   help="MiB, or auto: chosen from all-reduce timings on the process group")
-    p.add_argument("--comm-hook", choices=COMM_HOOKS, default="none")
-    p.add_argument("--powersgd-rank", type=int, default=1)
-    p.add_argument("--powersgd-start-iter", type=int, default=10)
-    p.add_argument("--powersgd-warm-start", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--powersgd-error-feedback", action=argparse.BooleanOptionalAction,
-                   default=True)
     p.add_argument("--out-dir", default=".", help="where rank 0 writes metrics and results")
-    p.add_argument("--save-model", action="store_true", help="rank 0 saves OUT_DIR/model.pt")
     args = p.parse_args(argv)
+    if args.steps is not None and args.epochs is not None:
+        p.error("give --steps or --epochs, not both")
     if args.steps is None and args.epochs is None:
         args.epochs = 1.0
     return args
@@ -184,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"bandwidth {link.bandwidth_bytes_per_s / 1e6:.1f} MB/s, "
                   f"{gradient_bytes / 2**20:.1f} MiB of gradients -> {args.bucket_cap_mb} MiB "
                   "buckets", flush=True)
-    settings = DDPSettings(
-        static_graph=args.static_graph, gradient_as_bucket_view=args.gradient_as_bucket_view,
-        bucket_cap_mb=args.bucket_cap_mb, comm_hook=args.comm_hook,
-        powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
-        powersgd_warm_start=args.powersgd_warm_start,
-        powersgd_error_feedback=args.powersgd_error_feedback,
-    )
+    settings = DDPSettings.from_args(args)
     ddp, hook_state = wrap_ddp(model, settings, device)
     comm = CommTimer(ddp.module, device)
     auto = AutoCompression(hook_state) if settings.comm_hook == AUTO else None
@@ -220,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_file = open(out_dir / "metrics.jsonl", "a")  # noqa: SIM115
         print(f"model {args.model}: {count_parameters(model) / 1e6:.2f} M parameters, "
               f"{len(data.train)} training images, {total} steps of {images_per_step} images, "
-              f"ddp {settings}", flush=True)
+              f"ddp: {settings.describe()}", flush=True)
 
     step, epoch = 0, 0
     step_times: list[float] = []

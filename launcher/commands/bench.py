@@ -11,16 +11,16 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.commands.common import add_ssh_arguments
+from launcher.backends import LaunchOptions, add_where_arguments, backend_from_args, print_plan
+from launcher.commands.common import grace_seconds
 from launcher.errors import LauncherError, RunFailed
-from launcher.inventory import Node, load_inventory, select_nodes
+from launcher.inventory import Node
 from launcher.nccl import bench
 from launcher.nccl.links import facts, link_peak
 from launcher.nccl.nccl_tests import parse_nccl_tests
 from launcher.nccl.plot import plot_bandwidth
 from launcher.report import write_run_report
 from launcher.nccl.summary import human_bytes
-from launcher.plan import RunPlan
 from launcher.recipe import Recipe, recipe_from_mapping
 from launcher.runfolder import RunFolder, check_run_id, new_run_id
 
@@ -52,10 +52,8 @@ def register(sub) -> None:
                                      "(nccl-tests' table, bandwidth.json, bandwidth.png)",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int,
-                   help="number of nodes (default: 2 with --local, every host with -i)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--local", action="store_true", help="node agents on this machine")
-    where.add_argument("-i", "--inventory", help="Ansible YAML inventory; the first N hosts")
+                   help="number of nodes (default: 2 on this machine, every host with -i)")
+    add_where_arguments(p)
     p.add_argument("--op", choices=bench.OPS, default="all_reduce")
     p.add_argument("--min-bytes", default=str(bench.DEFAULT_MIN_BYTES),
                    help="smallest size: 8, 1K, 64M, 1G (default 8)")
@@ -74,9 +72,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.add_argument("--run-id", help="name of the run folder (default bench-<op>-<time>-<hex>)")
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
-    p.add_argument("--grace", type=float, default=5.0,
+    p.add_argument("--grace", type=grace_seconds, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping nodes (default 5)")
-    add_ssh_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -109,42 +106,13 @@ def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
     run_id = check_run_id(args.run_id) if args.run_id else new_run_id(f"bench-{args.op}")
-    if args.local:
-        count = 2 if args.nodes is None else args.nodes
-        if count < 1:
-            raise LauncherError(f"--nodes must be at least 1, got {count}")
-        return bench_nccl_tests_local(args, run_id) if args.nccl_tests else \
-            bench_local(args, count, run_id)
-    if args.inventory:
-        everything = load_inventory(args.inventory)
-        count = len(everything) if args.nodes is None else args.nodes
-        nodes = select_nodes(everything, count, args.inventory)
-        return bench_nccl_tests_inventory(args, nodes, run_id) if args.nccl_tests else \
-            bench_inventory(args, nodes, run_id)
-    raise LauncherError("say where to bench: --local for node agents on this machine, or "
-                        "-i INVENTORY.yml for hosts over SSH (see inventory.example.yml)")
-
-
-def _print_plan(args, plan: RunPlan) -> None:
-    print(plan.dumps() if args.json else plan.render())
-
-
-def bench_local(args, count: int, run_id: str) -> int:
-    from launcher.commands.run import execute_local, plan_local
-    from launcher.execute.local import free_port, local_gpu_count
-
-    low, high = _sizes(args, lambda: [local_gpu_count() // count] * count)
-    gpus = local_gpu_count()
-    program = bench.bench_program(args.op, bench.sweep_sizes(low, high), args.dtype,
-                                  args.warmup_iters, args.iters)
-    plan = plan_local(bench_recipe(count, local=True), count, run_id, args.runs_dir, gpus,
-                      os.cpu_count() or 1, free_port(), program=program)
-    if args.dry_run:
-        _print_plan(args, plan)
-        return 0
-    execute_local(plan, args.runs_dir, args.grace)
-    return finish_sweep(Path(args.runs_dir).resolve() / run_id, [n.name for n in plan.nodes],
-                        plan.nproc_per_node, args.instance_type)
+    backend = backend_from_args(args, 2 if args.nodes is None else args.nodes)
+    nodes = backend.nodes(args.nodes)
+    if args.nccl_tests:
+        if backend.kind == "local":
+            return bench_nccl_tests_local(args, run_id)
+        return bench_nccl_tests_inventory(args, nodes, run_id)
+    return bench_sweep(args, backend, nodes, run_id)
 
 
 def _instance_type(nodes: list[Node]) -> str | None:
@@ -160,21 +128,18 @@ def _gpus(node: Node) -> int:
     return row.gpu_count if row else 0
 
 
-def bench_inventory(args, nodes: list[Node], run_id: str) -> int:
-    # Imported here: the SSH executor is only needed with -i.
-    from launcher.commands.run_ssh import launch_on_inventory, plan_inventory
-    from launcher.ssh import SshOptions
-
-    low, high = _sizes(args, lambda: [_gpus(n) for n in nodes])
+def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
+    """train/bench.py on every node through the backend's launch path, as `launch run`."""
+    low, high = _sizes(args, lambda: backend.gpus(nodes))
     program = bench.bench_program(args.op, bench.sweep_sizes(low, high), args.dtype,
                                   args.warmup_iters, args.iters)
-    recipe = bench_recipe(len(nodes), local=False)
+    recipe = bench_recipe(len(nodes), local=backend.kind == "local")
     if args.dry_run:
-        _print_plan(args, plan_inventory(recipe, nodes, run_id, program=program))
+        print_plan(backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir, program=program),
+                   args.json)
         return 0
-    options = SshOptions.from_args(args)
-    summary = launch_on_inventory(recipe, nodes, run_id, args.runs_dir, options,
-                                  program=program, grace_s=args.grace)
+    summary = backend.launch(recipe, nodes, run_id, LaunchOptions(args.runs_dir, args.grace),
+                             program=program)
     return finish_sweep(Path(args.runs_dir).resolve() / run_id, [n.name for n in nodes],
                         summary["nproc_per_node"], args.instance_type or _instance_type(nodes))
 
@@ -234,7 +199,7 @@ def _nccl_tests_binary(args) -> str:
 
 
 def bench_nccl_tests_local(args, run_id: str) -> int:
-    from launcher.execute.local import local_gpu_count
+    from launcher.execute.local_agent import local_gpu_count
 
     binary = _nccl_tests_binary(args)
     if not args.dry_run and not os.access(binary, os.X_OK):

@@ -6,14 +6,25 @@ from __future__ import annotations
 import functools
 
 
-def add_ssh_arguments(parser) -> None:
-    """The host-key flags every command that reaches nodes over SSH takes."""
-    parser.add_argument("--accept-new-host-keys", action="store_true",
-                        help="with -i: record unknown SSH host keys in known_hosts, like "
-                        "OpenSSH's accept-new (a changed key is always refused)")
-    parser.add_argument("--known-hosts",
-                        help="with -i: known_hosts file (default: the inventory's "
-                        "UserKnownHostsFile, else ~/.ssh/known_hosts)")
+def _bounded(kind, low, high, what: str):
+    """An argparse type: a number of `kind` within [low, high] (nan and inf are refused);
+    argparse names the flag and shows `what` when it is not."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(text) from None
+        if not low <= value <= high:  # also false for nan
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+grace_seconds = _bounded(float, 0.0, 600.0, "seconds (0 to 600)")
+port_number = _bounded(int, 1, 65535, "port (1 to 65535)")
 
 
 def aws_command(handler):

@@ -1,15 +1,13 @@
-"""`launch topo (--local | -i INVENTORY) [--nodes N] [--json]`: every node's GPU wiring."""
+"""`launch topo [--local | -i INVENTORY | --cluster NAME] [--nodes N] [--json]`: every node's
+GPU wiring."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 
-from launcher.commands.common import add_ssh_arguments
-from launcher.errors import LauncherError
-from launcher.inventory import Node, load_inventory, select_nodes
+from launcher.backends import NodeResult, add_where_arguments, backend_from_args
+from launcher.inventory import Node
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
 HELP = """\
@@ -31,71 +29,37 @@ TIMEOUT_S = 60.0
 def register(sub) -> None:
     p = sub.add_parser("topo", help="read nvidia-smi topo -m on every node, compare, recommend",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--local", action="store_true", help="this machine")
-    where.add_argument("-i", "--inventory", help="Ansible YAML inventory")
     p.add_argument("--nodes", type=int, help="with -i: the first N hosts (default: all)")
-    p.add_argument("--instance-type", help="with --local: this machine's instance type")
+    add_where_arguments(p)
+    p.add_argument("--instance-type", help="on this machine: its instance type")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_ssh_arguments(p)
     p.set_defaults(func=main)
 
 
-def local_output(instance_type: str | None) -> NodeOutput:
-    name = "local"
-    if shutil.which(NVIDIA_SMI_TOPO[0]) is None:
-        return NodeOutput(name, instance_type, None,
-                          "nvidia-smi not found on this machine: no NVIDIA driver, so no GPU "
-                          "topology to read (a CPU machine uses gloo over TCP)")
-    try:
-        proc = subprocess.run(NVIDIA_SMI_TOPO, capture_output=True, text=True,
-                              timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return NodeOutput(name, instance_type, None, f"nvidia-smi topo -m failed: {err}")
-    if proc.returncode != 0:
-        why = (proc.stderr or proc.stdout).strip().splitlines()[:1] or ["no output"]
-        return NodeOutput(name, instance_type, None,
-                          f"nvidia-smi topo -m exited with code {proc.returncode}: {why[0]}")
-    return NodeOutput(name, instance_type, proc.stdout)
-
-
-def remote_output(node: Node, options) -> NodeOutput:
-    from launcher.nccl.remote import run_on_node
-
-    try:
-        result = run_on_node(node, NVIDIA_SMI_TOPO, options, timeout=TIMEOUT_S)
-    except LauncherError as err:  # unreachable, host key, authentication: named by host
-        return NodeOutput(node.name, node.instance_type, None, str(err))
-    if result.exit_code == 127:
-        return NodeOutput(node.name, node.instance_type, None,
-                          "nvidia-smi is not installed (no NVIDIA driver; `launch setup` "
-                          "installs it on GPU nodes)")
-    if result.exit_code != 0:
-        why = (result.stderr or result.stdout).strip().splitlines()[:1] or ["no output"]
-        return NodeOutput(node.name, node.instance_type, None,
-                          f"nvidia-smi topo -m exited with code {result.exit_code}: {why[0]}")
-    return NodeOutput(node.name, node.instance_type, result.stdout)
+def node_output(node: Node, answer: NodeResult, instance_type: str | None) -> NodeOutput:
+    """One node's `nvidia-smi topo -m` answer, or why there is none."""
+    if answer.error is not None:  # unreachable, host key, authentication: named by host
+        return NodeOutput(node.name, instance_type, None, answer.error)
+    if answer.exit_code == 127:
+        return NodeOutput(node.name, instance_type, None,
+                          "nvidia-smi is not installed: no NVIDIA driver, so no GPU topology "
+                          "to read (a CPU machine uses gloo over TCP; `launch setup` installs "
+                          "the driver on GPU nodes)")
+    if answer.exit_code != 0:
+        why = (answer.stderr or answer.stdout).strip().splitlines()[:1] or ["no output"]
+        return NodeOutput(node.name, instance_type, None,
+                          f"nvidia-smi topo -m exited with code {answer.exit_code}: {why[0]}")
+    return NodeOutput(node.name, instance_type, answer.stdout)
 
 
 def main(args) -> int:
-    if args.local:
-        outputs = [local_output(args.instance_type)]
-    elif args.inventory:
-        from launcher.execute.ssh import in_parallel
-        from launcher.ssh import SshOptions
-
-        nodes = load_inventory(args.inventory)
-        nodes = select_nodes(nodes, args.nodes or len(nodes), args.inventory)
-        options = SshOptions.from_args(args)
-        by_name = {node.name: node for node in nodes}
-        answers = in_parallel(lambda name: remote_output(by_name[name], options), list(by_name))
-        outputs = [answers[node.name] if isinstance(answers[node.name], NodeOutput)
-                   else NodeOutput(node.name, node.instance_type, None,
-                                   f"{type(answers[node.name]).__name__}: {answers[node.name]}")
-                   for node in nodes]
-    else:
-        raise LauncherError("say where to look: --local for this machine, or -i INVENTORY.yml "
-                            "for hosts over SSH")
+    backend = backend_from_args(args, 1)
+    # On this machine one answer covers every local node agent: ask once, as "local".
+    nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.kind == "local"
+             else backend.nodes(args.nodes))
+    answers = backend.run_on_all(nodes, NVIDIA_SMI_TOPO, timeout=TIMEOUT_S)
+    outputs = [node_output(n, answers[n.name], args.instance_type or n.instance_type)
+               for n in nodes]
     checked = check_topologies(outputs)
     print(json.dumps(checked, indent=2) if args.json else "\n".join(render(checked)))
     return 0 if checked["complete"] else 1

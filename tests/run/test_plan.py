@@ -26,7 +26,8 @@ TRAINER_ARGS = [
     "--model", "vit_b16", "--dataset", "synthetic", "--image-size", "224", "--patch-size", "16",
     "--batch-size", "64", "--steps", "100", "--lr", "0.001", "--weight-decay", "0.05",
     "--precision", "bf16", "--seed", "0", "--grad-accum-steps", "1", "--num-workers", "0",
-    "--log-every", "10", "--static-graph", "--gradient-as-bucket-view", "--bucket-cap-mb",
+    "--log-every", "10", "--no-save-model", "--static-graph", "--gradient-as-bucket-view",
+    "--bucket-cap-mb",
     "100.0", "--comm-hook", "powersgd", "--powersgd-rank", "4", "--powersgd-start-iter", "20",
     "--powersgd-warm-start", "--powersgd-error-feedback",
 ]
@@ -84,10 +85,11 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
 
 
 def test_local_gpu_split_sets_cuda_visible_devices():
-    from launcher.commands.run import plan_local
+    from launcher.backends.local import LocalBackend
 
     recipe = recipe_from_mapping({**RECIPE, "ddp": {"comm_hook": "none"}}, "exp.yml")
-    plan = plan_local(recipe, 2, "run-7", "/srv/runs", gpus_total=8, cpus_total=16, port=41000)
+    backend = LocalBackend(gpus_total=8, cpus_total=16, port=41000, cwd="/srv")
+    plan = backend.plan(recipe, backend.nodes(2), "run-7", runs_dir="runs")
     assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan.nodes] == ["0,1,2,3", "4,5,6,7"]
     assert [c.env["OMP_NUM_THREADS"] for c in plan.nodes] == ["2", "2"]
     assert plan.nproc_per_node == 4
@@ -126,7 +128,8 @@ def test_shell_line_round_trips_to_the_same_argv():
 
 
 def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path):
-    proc = run_launch("run", "--local", "--nodes", "2", str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
+    proc = run_launch("run", "--local", "--nodes", "2",
+                      str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
                       "--dry-run", "--json", "--run-id", "dry-1", check=True)
     plan = json.loads(proc.stdout)
     assert plan["run_id"] == "dry-1"
@@ -146,8 +149,16 @@ def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path)
     assert not (tmp_path / "runs").exists()
 
 
-def test_run_without_target_says_what_to_pass(run_launch, repo_root):
-    proc = run_launch("run", str(repo_root / "launcher/recipes/vit-tiny-local.yml"))
-    assert proc.returncode == 2
-    assert "--local" in proc.stderr and "-i INVENTORY" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_without_inventory_the_run_stays_on_this_machine_and_says_so(run_launch, tmp_path):
+    """`launch run --nodes 2 RECIPE`, as the README tells people to type it: no "say where to
+    run" error; the plan is 2 local nodes and one line on stderr says so (stdout stays JSON).
+    By its bundled name, from a folder that holds no recipe."""
+    proc = run_launch("run", "--nodes", "2", "vit-tiny-local", "--dry-run", "--json",
+                      check=True)
+    plan = json.loads(proc.stdout)
+    assert [n["name"] for n in plan["nodes"]] == ["node0", "node1"]
+    assert plan["rendezvous"]["endpoint"].startswith("127.0.0.1:")
+    assert "no inventory given: 2 nodes on this machine" in proc.stderr
+    quiet = run_launch("run", "--local", "--nodes", "2", "vit-tiny-local", "--dry-run",
+                       check=True)
+    assert "no inventory given" not in quiet.stderr

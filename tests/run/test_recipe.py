@@ -37,7 +37,7 @@ def with_(**changes):
 
 CASES = [
     # (recipe, key the message must name, words it must contain)
-    (with_(train__batchsize=32), "train.batchsize", "unknown key"),
+    (with_(train__batchsize=32), "train.batchsize", "did you mean `batch_size`?"),
     (with_(colour="red"), "colour", "unknown key"),
     (with_(ddp__powersgd__ranks=2), "ddp.powersgd.ranks", "unknown key"),
     (with_(nodes="two"), "nodes", "integer"),
@@ -45,7 +45,7 @@ CASES = [
     (with_(train__model="vit_huge"), "train.model", "vit_b16"),
     (with_(ddp__comm_hook="int8"), "ddp.comm_hook", "powersgd"),
     (with_(nproc_per_node="many"), "nproc_per_node", "auto"),
-    (with_(nproc_per_node=0), "nproc_per_node", ">= 1"),
+    (with_(nproc_per_node=0), "nproc_per_node", "from 1 to 64"),
     (with_(env={"BAD NAME": "x"}), "env", "environment variable"),
     (with_(train__precision="fp8"), "train.precision", "bf16"),
     (with_(rendezvous__port=80), "rendezvous.port", "1024"),
@@ -60,6 +60,24 @@ CASES = [
     (with_(name="my run"), "name", "letters"),
     (with_(ddp__bucket_cap_mb=0), "ddp.bucket_cap_mb", "'auto'"),
     (with_(ddp__bucket_cap_mb="huge"), "ddp.bucket_cap_mb", "size in MiB"),
+    # Values that passed validation and crashed at start (issue 11): refused when loaded.
+    (with_(train__steps=None, train__epochs=float("inf")), "train.epochs", "1000000"),
+    (with_(ddp__bucket_cap_mb=float("nan")), "ddp.bucket_cap_mb", "between"),
+    (with_(rendezvous__timeout=1e30), "rendezvous.timeout", "integer"),
+    (with_(rendezvous__timeout=10**9), "rendezvous.timeout", "86400"),
+    (with_(train__seed=2**70), "train.seed", "4294967295"),
+    (with_(train__lr=float("inf")), "train.lr", "finite"),
+    (with_(nproc_per_node=10**6), "nproc_per_node", "from 1 to 64"),
+    (with_(train__batch_size=10**9), "train.batch_size", "65536"),
+    (with_(train__image_size=10**6), "train.image_size", "4096"),
+    (with_(nodes=True), "nodes", "integer"),
+    (with_(nodes=1e30), "nodes", "integer"),
+    (with_(nodes=10**6), "nodes", "4096"),
+    (with_(train__save_model="yes"), "train.save_model", "boolean"),
+    (with_(env={"LAUNCH_RUN_ID": "other"}), "env", "set by launch"),
+    (with_(env={"PATH": "/tmp/evil"}), "env", "PATH is set by launch"),
+    (with_(env={"X": "a\0b"}), "env", "NUL"),
+    (with_(name="n" * 300), "name", "up to 64"),
 ]
 
 

@@ -19,13 +19,9 @@ MB = 1 << 20
 def build(ddp_tuning, name):
     recipe = recipe_from_mapping(ddp_tuning.variant_recipe(name, 1), f"{name}.yml")
     args = parse_args(trainer_args(recipe, "/tmp/unused"))
-    bucket = 7.0 if args.bucket_cap_mb == "auto" else args.bucket_cap_mb
-    settings = DDPSettings(
-        static_graph=args.static_graph, gradient_as_bucket_view=args.gradient_as_bucket_view,
-        bucket_cap_mb=bucket, comm_hook=args.comm_hook, powersgd_rank=args.powersgd_rank,
-        powersgd_start_iter=args.powersgd_start_iter,
-        powersgd_warm_start=args.powersgd_warm_start,
-        powersgd_error_feedback=args.powersgd_error_feedback)
+    if args.bucket_cap_mb == "auto":
+        args.bucket_cap_mb = 7.0
+    settings = DDPSettings.from_args(args)
     model = build_vit("vit_tiny", 8, 4, 1, 10, depth=1)
     ddp, state = wrap_ddp(model, settings, torch.device("cpu"))
     return args, ddp, state

@@ -9,7 +9,6 @@ import queue
 import signal as signals
 import stat
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fabric import Connection
@@ -17,12 +16,30 @@ from fabric import Connection
 from launcher.errors import LauncherError
 from launcher.inventory import Node
 from launcher.plan import NodeCommand
+from launcher.runfolder import STAMP_ENV
 from launcher.ssh import SshOptions, connect, remote
 
 PGID_FILE = "launch.pgid"
 # Runs in the node's run folder as its own session leader (setsid), so $$ is the process
 # group id every process of the node agent shares; recorded before torchrun replaces it.
-START_SCRIPT = 'cd "$1" || exit 97; shift; echo $$ > ' + PGID_FILE + '; exec "$@"'
+# The watchdog holds the SSH session's stdin, which only ends when the session does: if
+# launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
+# (SIGTERM, SIGKILL 10 s later) instead of leaving the node training unsupervised. When the
+# agent ends first, the watchdog finds it gone and leaves at once.
+START_SCRIPT = """cd "$1" || exit 97
+shift
+echo $$ > """ + PGID_FILE + """
+exec 3<&0
+(
+  trap '' TERM
+  while read -r _; do :; done
+  kill -0 $$ 2>/dev/null || exit 0
+  kill -TERM -- -$$ 2>/dev/null
+  sleep 10
+  kill -KILL -- -$$ 2>/dev/null
+) <&3 >/dev/null 2>&1 &
+exec "$@" </dev/null 3<&-
+"""
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
 HASH_SCRIPT = r"""
 import hashlib, os, sys
@@ -86,9 +103,11 @@ class _LineQueue:
 
 
 class SshNodeProcess:
-    def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions):
+    def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
+                 stamp: str):
         self.name = command.name
         self.command, self.node, self.conn, self.options = command, node, conn, options
+        self.stamp = stamp
         self.promise = None
         self.exit_code: int | None = None
         self._lines: queue.Queue = queue.Queue()
@@ -96,7 +115,7 @@ class SshNodeProcess:
         self._err = _LineQueue(self._lines)
 
     def start(self) -> None:
-        env = [f"{k}={v}" for k, v in self.command.env.items()]
+        env = [f"{k}={v}" for k, v in {**self.command.env, STAMP_ENV: self.stamp}.items()]
         line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
                       self.command.cwd or ".", "env", *env, *self.command.argv)
         self.promise = self.conn.run(line, asynchronous=True, hide=True, warn=True, pty=False,
@@ -170,13 +189,3 @@ def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
     except OSError as err:
         raise LauncherError(f"could not fetch {remote_dir} from {conn.host}: {err}") from None
     return written
-
-
-def in_parallel(fn, items, max_workers: int = 32) -> dict:
-    """fn(item) for every item at once; returns {item: result or exception}."""
-    out = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items)))) as pool:
-        futures = {item: pool.submit(fn, item) for item in items}
-    for item, future in futures.items():
-        out[item] = future.exception() or future.result()
-    return out

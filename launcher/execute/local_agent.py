@@ -6,23 +6,45 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.plan import NodeCommand
+from launcher.runfolder import STAMP_ENV
+# Runs first in each agent's process, then becomes the agent (exec): the kernel sends the
+# agent SIGTERM when launch dies, even by SIGKILL, and torchrun then stops its workers (whose
+# own parent-death signal is set by train/main.py). Without it a killed launch left both
+# agents and their workers training for minutes, unsupervised. Done here rather than in
+# Popen's preexec_fn, which is unsafe while the output reader threads run.
+DIE_WITH_LAUNCH = r"""
+import ctypes, os, signal, sys
+ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # launch died before prctl took effect
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def die_with_launch(argv: list[str]) -> list[str]:
+    """argv, started so that it ends when this launch process does (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", DIE_WITH_LAUNCH, str(os.getpid()), *argv]
 
 
 class LocalNodeProcess:
-    def __init__(self, command: NodeCommand):
+    def __init__(self, command: NodeCommand, stamp: str):
         self.name = command.name
         self.command = command
+        self.stamp = stamp
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         Path(self.command.run_dir).mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            list(self.command.argv),
-            env={**os.environ, **self.command.env},
+            die_with_launch(list(self.command.argv)),
+            env={**os.environ, **self.command.env, STAMP_ENV: self.stamp},
             cwd=self.command.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -56,11 +78,13 @@ class LocalNodeProcess:
             pass
 
 
-def reap_run(run_id: str) -> None:
+def reap_run(stamp: str) -> None:
     """After every agent is gone, make sure nothing of the run outlives it: every process that
-    carries its LAUNCH_RUN_ID (stamped by launch into each agent's environment and inherited
-    by the workers, whatever session they moved to). Never by name."""
-    for pid in pids_with_env("LAUNCH_RUN_ID", run_id):
+    carries its stamp (put by launch into each agent's environment and inherited by the
+    workers, whatever session they moved to). The stamp is unique per run folder, never the
+    user's run id: two runs of the same id in different runs dirs once killed each other's
+    processes. Never by name."""
+    for pid in pids_with_env(STAMP_ENV, stamp):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

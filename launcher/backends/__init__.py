@@ -1,0 +1,77 @@
+"""Where to run, decided once for every command that runs on nodes (run, bench, topo, check).
+
+    -i INVENTORY     hosts of an Ansible inventory over SSH       (backends/ssh.py)
+    --cluster NAME   the inventory `launch provision` wrote for NAME
+    --slurm          a Slurm allocation (sbatch/srun)              (backends/slurm.py)
+    --local, or none of these: this machine                       (backends/local.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from launcher.backends.base import Backend, GroupResult, LaunchOptions, NodeResult, print_plan
+from launcher.errors import LauncherError
+
+__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "add_where_arguments",
+           "backend_from_args", "print_plan"]
+
+
+def add_where_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that say where to run, the same for every command."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true",
+                       help="this machine (also the default when no inventory is given)")
+    where.add_argument("-i", "--inventory", metavar="INVENTORY",
+                       help="an Ansible inventory (YAML or INI): its hosts over SSH")
+    where.add_argument("--cluster", metavar="NAME",
+                       help="the cluster `launch provision --cluster NAME` made (its inventory)")
+    parser.add_argument("--limit", metavar="PATTERN",
+                        help="with -i/--cluster: only these hosts (an Ansible host pattern, "
+                             "e.g. gpu-0* or node1,node2)")
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="SSH: record unknown host keys in known_hosts, like OpenSSH's "
+                             "accept-new (a changed key is always refused)")
+    parser.add_argument("--known-hosts",
+                        help="SSH: known_hosts file (default: the inventory's "
+                             "UserKnownHostsFile, else ~/.ssh/known_hosts)")
+
+
+def _inventory_path(args) -> str | None:
+    if getattr(args, "cluster", None):
+        from launcher.home import cluster_inventory
+        from launcher.names import path_component
+
+        path = cluster_inventory(path_component(args.cluster, "--cluster"))
+        if not path.is_file():
+            raise LauncherError(f"--cluster {args.cluster}: no inventory at {path}; `launch "
+                                f"provision --cluster {args.cluster}` writes it (or pass -i)")
+        return str(path)
+    return getattr(args, "inventory", None)
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def backend_from_args(args, local_count: int, say: Callable[[str], None] = _stderr) -> Backend:
+    """The backend the flags name. Without -i/--cluster/--slurm the run stays on this machine,
+    and `say` tells so in one line (on stderr, so that --json output stays clean) unless
+    --local asked for it; `local_count` is the number of nodes that line announces."""
+    inventory = _inventory_path(args)
+    if inventory:
+        from launcher.backends.ssh import SshBackend
+        from launcher.ssh import SshOptions
+
+        return SshBackend(inventory, SshOptions.from_args(args), limit=args.limit)
+    if getattr(args, "limit", None):
+        raise LauncherError("--limit selects hosts of an inventory: give it with -i or --cluster")
+    from launcher.backends.local import LocalBackend
+
+    backend = LocalBackend()
+    if not getattr(args, "local", False):
+        say(f"launch: no inventory given: {local_count} node{'s' if local_count != 1 else ''} "
+            "on this machine (-i INVENTORY or --cluster NAME runs on hosts over SSH)")
+    return backend

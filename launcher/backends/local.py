@@ -1,0 +1,132 @@
+"""This machine: N node agents as child processes, meeting at a rendezvous on 127.0.0.1.
+
+Each agent is a real torchrun with its own folder; GPUs, when there are any, are split between
+the agents by CUDA_VISIBLE_DEVICES (gloo on CPU otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from launcher.backends.base import (GroupResult, LaunchOptions, NodeResult, Program,
+                                    trainer_code_dir)
+from launcher.errors import LauncherError
+from launcher.inventory import Node
+from launcher.plan import Placement, RunPlan, plan_run
+from launcher.recipe import Recipe, check_recipe_for_hardware
+
+# Each agent is a torchrun and a Python process per rank: more than this on one machine is a
+# typo (--nodes 100000 once tried to start them all).
+MAX_LOCAL_NODES = 64
+
+
+def local_nodes(count: int) -> list[Node]:
+    """N node agents on this machine; they all talk over loopback."""
+    return [
+        Node(name=f"node{i}", address="127.0.0.1", private_address="127.0.0.1", interface="lo")
+        for i in range(count)
+    ]
+
+
+class LocalBackend:
+    kind = "local"
+
+    def __init__(self, *, gpus_total: int | None = None, cpus_total: int | None = None,
+                 port: int | None = None, cwd: str | None = None):
+        # Facts of this machine, looked up on first use (torch's import costs a second):
+        # given explicitly, planning is pure and repeatable (the tests do that).
+        self._gpus_total, self._cpus_total, self._port = gpus_total, cpus_total, port
+        self.cwd = cwd or os.getcwd()
+
+    # ---- facts of this machine ------------------------------------------------------------
+    @functools.cached_property
+    def gpus_total(self) -> int:
+        if self._gpus_total is not None:
+            return self._gpus_total
+        from launcher.execute.local_agent import local_gpu_count
+
+        return local_gpu_count()
+
+    @functools.cached_property
+    def cpus_total(self) -> int:
+        return self._cpus_total or os.cpu_count() or 1
+
+    @functools.cached_property
+    def port(self) -> int:
+        if self._port is not None:
+            return self._port
+        from launcher.execute.local_agent import free_port
+
+        return free_port()
+
+    # ---- Backend -------------------------------------------------------------------------
+    def describe(self, count: int) -> str:
+        return f"{count} node(s) on this machine"
+
+    def nodes(self, count: int | None) -> list[Node]:
+        count = 2 if count is None else count
+        if not 1 <= count <= MAX_LOCAL_NODES:
+            raise LauncherError(f"--nodes {count}: this machine runs 1 to {MAX_LOCAL_NODES} "
+                                "local node agents")
+        gpus = self.gpus_total
+        if gpus and gpus < count:
+            raise LauncherError(
+                f"--nodes {count} on this machine needs at least one GPU per node but it has "
+                f"{gpus}; use --nodes {gpus}, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run "
+                "on CPU with gloo")
+        per_node = gpus // count if gpus else 0
+        return [replace(n, gpus=per_node) for n in local_nodes(count)]
+
+    def gpus(self, nodes: list[Node]) -> list[int]:
+        return [n.gpus or 0 for n in nodes]
+
+    def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
+             program: Program | None = None, rdzv_port: int | None = None) -> RunPlan:
+        check_recipe_for_hardware(recipe, self.gpus(nodes))
+        root = Path(self.cwd, runs_dir).resolve() / run_id
+        code = str(trainer_code_dir())
+        per_node = nodes[0].gpus or 0
+        placements = {
+            n.name: Placement(
+                python=sys.executable, code_dir=code, run_dir=str(root / n.name), cwd=self.cwd,
+                cpus=max(1, self.cpus_total // len(nodes)),
+                visible_gpus=tuple(range(i * per_node, (i + 1) * per_node)) if per_node
+                else None,
+            )
+            for i, n in enumerate(nodes)
+        }
+        port = rdzv_port or self.port
+        notes = (f"rendezvous port {port} on 127.0.0.1 was free when planned (the recipe's "
+                 f"port {recipe.rendezvous.port} is for clusters)",)
+        return plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes,
+                        program=program)
+
+    def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
+               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
+        from launcher.execute.local_agent import LocalNodeProcess, reap_run
+        from launcher.execute.runner import execute_plan
+        from launcher.runfolder import RunFolder
+
+        plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
+                         rdzv_port=rdzv_port)
+        folder = RunFolder.create(Path(self.cwd, options.runs_dir), plan.run_id)
+        procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
+        return execute_plan(plan, folder, procs, grace_s=options.grace_s,
+                            display=options.display, after=lambda: reap_run(folder.stamp))
+
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
+        """Local nodes share one machine: the command runs once, answered for every node."""
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+            result = dict(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+        except FileNotFoundError:
+            result = dict(exit_code=127, stderr=f"{argv[0]}: not found")
+        except (OSError, subprocess.TimeoutExpired) as err:
+            result = dict(error=f"{argv[0]} failed: {err}")
+        return GroupResult({n.name: NodeResult(n.name, **result) for n in nodes})

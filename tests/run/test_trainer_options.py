@@ -1,0 +1,82 @@
+"""The trainer's options have one owner (train/options.py): every recipe field reaches the
+trainer's parser with the value the recipe holds, and the defaults agree by construction."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from pydantic import BaseModel
+
+from launcher.plan import trainer_args
+from launcher.recipe import DDP, Recipe, Train, recipe_from_mapping
+from train.main import parse_args
+from train.options import OPTIONS
+
+BASE = {"name": "walk", "train": {"steps": 10}}
+# A value other than the default for every option, written by hand. A new option without a
+# sample fails test_every_option_reaches_the_trainer: add one here.
+SAMPLES = {
+    "train.model": "vit_s16", "train.depth": 3, "train.width": 96, "train.heads": 6,
+    "train.dataset": "digits", "train.image_size": 64, "train.patch_size": 8,
+    "train.batch_size": 7, "train.steps": 33, "train.epochs": 2.5, "train.lr": 0.00123,
+    "train.weight_decay": 0.2, "train.warmup_steps": 4, "train.precision": "bf16",
+    "train.seed": 12345, "train.grad_accum_steps": 2, "train.num_workers": 1,
+    "train.log_every": 3, "train.save_model": True, "ddp.static_graph": True,
+    "ddp.gradient_as_bucket_view": True, "ddp.bucket_cap_mb": 3.5, "ddp.comm_hook": "fp16",
+    "ddp.powersgd.rank": 4, "ddp.powersgd.start_iter": 5, "ddp.powersgd.warm_start": False,
+    "ddp.powersgd.error_feedback": False,
+}
+
+
+def recipe_with(key: str, value):
+    data = copy.deepcopy(BASE)
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    if key == "train.epochs":
+        del data["train"]["steps"]
+    return recipe_from_mapping(data, "walk.yml")
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=[o.key for o in OPTIONS])
+def test_every_option_reaches_the_trainer(option):
+    value = SAMPLES[option.key]
+    assert value != option.default
+    args = parse_args(trainer_args(recipe_with(option.key, value), "/tmp/out"))
+    assert getattr(args, option.dest) == value
+
+
+def test_bucket_cap_auto_reaches_the_trainer():
+    args = parse_args(trainer_args(recipe_with("ddp.bucket_cap_mb", "auto"), "/tmp/out"))
+    assert args.bucket_cap_mb == "auto"
+
+
+def fields(model: type[BaseModel], prefix: str) -> dict[str, object]:
+    out = {}
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            out.update(fields(info.annotation, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = info.default
+    return out
+
+
+def test_recipe_blocks_and_trainer_options_are_the_same_set_with_the_same_defaults():
+    recipe_fields = {**fields(Train, "train."), **fields(DDP, "ddp.")}
+    assert set(recipe_fields) == {o.key for o in OPTIONS}
+    parser_defaults = vars(parse_args([]))
+    for option in OPTIONS:
+        assert recipe_fields[option.key] == option.default, option.key
+        if option.key != "train.epochs":  # the trainer alone falls back to one epoch
+            assert parser_defaults[option.dest] == option.default, option.key
+
+
+def test_a_default_recipe_and_the_trainer_agree_on_image_and_patch_size():
+    """They once drifted: 224/16 in recipes, 32/4 in the trainer."""
+    recipe = Recipe.model_validate(BASE)
+    args = parse_args(trainer_args(recipe, "/tmp/out"))
+    assert (args.image_size, args.patch_size) == (224, 16) == (
+        recipe.train.image_size, recipe.train.patch_size)

@@ -1,0 +1,159 @@
+"""The trainer's options, declared once.
+
+Each option names the recipe key it comes from, its type, default, bounds and help. From this
+one table:
+- launcher/recipe.py takes the defaults and bounds of the recipe's `train:` and `ddp:` keys,
+- launcher/plan.py turns a recipe into the trainer's argv (`argv_for`),
+- train/main.py builds its argument parser (`add_options`),
+so recipe defaults and trainer defaults agree by construction (they once drifted: image_size
+224 in recipes vs 32 in the trainer). Imports nothing but the standard library: launch loads it
+at start-up, and nodes run it without launcher/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+AUTO = "auto"
+MODELS = ("vit_tiny", "vit_s16", "vit_b16")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", AUTO)
+PRECISIONS = ("fp32", "bf16")
+# `comm_hook: auto` (train/ddp.py AutoCompression) skips the first steps (bucket rebuilds),
+# measures a window of plain all-reduce steps, and tries compression when at least
+# AUTO_MIN_COMM_SHARE of the step waits on communication: a trial of one allocation step plus
+# a window. The run report's advice uses the same share (launcher/nccl/advice.py), and a
+# recipe too short for the measurement is warned about when it is loaded.
+AUTO_MIN_COMM_SHARE = 0.15
+AUTO_SKIP_STEPS = 2
+AUTO_WINDOW_STEPS = 6
+AUTO_MEASURE_STEPS = AUTO_SKIP_STEPS + AUTO_WINDOW_STEPS
+AUTO_TRIAL_STEPS = AUTO_MEASURE_STEPS + 1 + AUTO_WINDOW_STEPS
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str                       # where a recipe holds it: "train.image_size"
+    kind: str                      # int | float | str | bool | size_or_auto
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    low: float | None = None       # inclusive bounds, checked when a recipe is loaded
+    high: float | None = None
+    optional: bool = False         # may be unset (None): then it is left off the argv
+
+    @property
+    def flag(self) -> str:
+        """train.image_size -> --image-size; ddp.powersgd.rank -> --powersgd-rank."""
+        return "--" + "-".join(self.key.split(".")[1:]).replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def argv(self, value: Any) -> list[str]:
+        """The value as trainer flags, each one argv item."""
+        if value is None:
+            return []
+        if self.kind == "bool":
+            return [self.flag if value else "--no-" + self.flag[2:]]
+        if isinstance(value, float):
+            return [self.flag, repr(value)]   # repr round-trips exactly; %g would not
+        return [self.flag, str(value)]
+
+
+def _o(key, kind, default, help, **kw) -> Option:
+    return Option(key, kind, default, help, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _o("train.model", "str", "vit_tiny", "ViT size", choices=MODELS),
+    _o("train.depth", "int", None, "override the model's number of blocks", low=1, high=64,
+       optional=True),
+    _o("train.width", "int", None, "override the model's embedding width", low=8, high=8192,
+       optional=True),
+    _o("train.heads", "int", None, "override the model's attention heads", low=1, high=128,
+       optional=True),
+    _o("train.dataset", "str", "synthetic", "synthetic | digits | the path of an image folder"),
+    _o("train.image_size", "int", 224, "image side in pixels", low=4, high=4096),
+    _o("train.patch_size", "int", 16, "patch side in pixels", low=1, high=1024),
+    _o("train.batch_size", "int", 32, "images per rank per micro-step", low=1, high=65536),
+    _o("train.steps", "int", None, "optimizer steps (or epochs)", low=1, high=10**9,
+       optional=True),
+    _o("train.epochs", "float", None, "passes over the training set (or steps)", low=1e-6,
+       high=1e6, optional=True),
+    _o("train.lr", "float", 5e-4, "peak learning rate (AdamW)", low=1e-12, high=10.0),
+    _o("train.weight_decay", "float", 0.05, "AdamW weight decay", low=0.0, high=10.0),
+    _o("train.warmup_steps", "int", None, "linear warm-up steps (default: 5% of steps)",
+       low=0, high=10**9, optional=True),
+    _o("train.precision", "str", "fp32", "bf16 autocast or fp32", choices=PRECISIONS),
+    _o("train.seed", "int", 0, "seed for weights and data order", low=0, high=2**32 - 1),
+    _o("train.grad_accum_steps", "int", 1, "micro-steps per optimizer step", low=1, high=1024),
+    _o("train.num_workers", "int", 0, "DataLoader workers per rank", low=0, high=64),
+    _o("train.log_every", "int", 10, "steps between progress lines", low=1, high=10**9),
+    _o("train.save_model", "bool", False, "rank 0 saves OUT_DIR/model.pt at the end"),
+    _o("ddp.static_graph", "bool", False, "DDP static_graph"),
+    _o("ddp.gradient_as_bucket_view", "bool", False, "DDP gradient_as_bucket_view"),
+    _o("ddp.bucket_cap_mb", "size_or_auto", 25.0,
+       "DDP bucket size in MiB, or auto: chosen from all-reduce timings", low=1e-3, high=1024),
+    _o("ddp.comm_hook", "str", "none", "gradient communication hook", choices=COMM_HOOKS),
+    _o("ddp.powersgd.rank", "int", 1, "PowerSGD matrix approximation rank", low=1, high=64),
+    _o("ddp.powersgd.start_iter", "int", 10, "PowerSGD's plain all-reduce warm-up steps",
+       low=0, high=10**9),
+    _o("ddp.powersgd.warm_start", "bool", True, "PowerSGD warm start"),
+    _o("ddp.powersgd.error_feedback", "bool", True, "PowerSGD error feedback"),
+)
+BY_KEY = {o.key: o for o in OPTIONS}
+
+
+def default(key: str) -> Any:
+    return BY_KEY[key].default
+
+
+def lookup(data: dict[str, Any], key: str) -> Any:
+    """recipe_dict["ddp"]["powersgd"]["rank"] for "ddp.powersgd.rank"."""
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def argv_for(recipe: dict[str, Any]) -> list[str]:
+    """A recipe (as a plain dict with train/ddp blocks) as the trainer's flags."""
+    out: list[str] = []
+    for option in OPTIONS:
+        out += option.argv(lookup(recipe, option.key))
+    return out
+
+
+def _size_or_auto(text: str) -> float | str:
+    if text == AUTO:
+        return text
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size in MiB > 0 or auto, got {text}")
+    return value
+
+
+_TYPES = {"int": int, "float": float, "str": str, "size_or_auto": _size_or_auto}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Every option as an argparse flag (the trainer's side of `argv_for`)."""
+    for option in OPTIONS:
+        kw: dict[str, Any] = {"default": option.default, "help": option.help,
+                              "dest": option.dest}
+        if option.kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = _TYPES[option.kind]
+            if option.choices:
+                kw["choices"] = option.choices
+        parser.add_argument(option.flag, **kw)
+
+
+def options_under(section: str) -> Iterator[Option]:
+    """The options whose recipe key starts with `section.` (e.g. "ddp")."""
+    return (o for o in OPTIONS if o.key.startswith(section + "."))
