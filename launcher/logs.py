@@ -36,6 +36,22 @@ def split_rank(line: str) -> tuple[str, str]:
     return AGENT, line
 
 
+def failure_excerpt(lines: list[str], limit: int = 25) -> list[str]:
+    """What a person needs from a failed node's last lines ("node/rank: text"): the worker's
+    own error first (its last traceback, else its last lines), then torchrun's root-cause
+    lines. torchrun's ~20-line failure footer used to push the worker's FileNotFoundError out
+    of the lines shown."""
+    worker = [line for line in lines if not line.split(": ", 1)[0].endswith("/" + AGENT)]
+    agent = [line for line in lines if line.split(": ", 1)[0].endswith("/" + AGENT)]
+    start = max((i for i, line in enumerate(worker)
+                 if "Traceback (most recent call last)" in line), default=None)
+    mine = worker[start:] if start is not None else worker
+    mine = mine[-limit:]
+    cause = [line for line in agent if re.search(r"\b(exitcode|traceback|error_file)\s*:", line)]
+    picked = mine + [line for line in cause[-3:] if line not in mine]
+    return picked or lines[-limit:]
+
+
 def parse_progress(text: str) -> Progress | None:
     m = _PROGRESS.match(text.strip())
     if not m:
@@ -65,9 +81,10 @@ class LineRouter:
         self._tail = {node: deque(maxlen=keep) for node in logs}
         self._lock = threading.Lock()
 
-    def line(self, node: str, raw: str) -> None:
+    def line(self, node: str, raw: str, label: str | None = None) -> None:
+        """One line of a node's output; `label` replaces the rank (e.g. "store")."""
         raw = raw.rstrip("\r\n")
-        rank, text = split_rank(raw)
+        rank, text = (label, raw) if label else split_rank(raw)
         shown = f"{node}/{rank}: {text}"
         with self._lock:
             self._files[node].write(shown + "\n")

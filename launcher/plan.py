@@ -68,6 +68,9 @@ class RunPlan:
     nproc_per_node: int
     nodes: tuple[NodeCommand, ...]
     notes: tuple[str, ...] = ()
+    # The rendezvous store, a process of its own on the head (train/rdzv_store.py): every
+    # agent is a client of it, so no agent's exit can take the rendezvous down with it.
+    store: NodeCommand | None = None
 
     @property
     def nnodes(self) -> int:
@@ -85,6 +88,7 @@ class RunPlan:
             "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
             "world_size": self.world_size,
             "nodes": [n.to_json() for n in self.nodes],
+            "store": self.store.to_json() if self.store else None,
             "notes": list(self.notes),
         }
 
@@ -95,8 +99,11 @@ class RunPlan:
             f"{self.world_size}; c10d rendezvous at {self.rdzv_endpoint} (id {self.run_id})",
         ]
         lines += [f"  note: {note}" for note in self.notes]
+        if self.store:
+            lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
+                          "the last agent):", "    " + shlex.join(self.store.argv)]
         for node in self.nodes:
-            role = "head, hosts the rendezvous" if node.is_head else "worker"
+            role = "head, rendezvous store here" if node.is_head else "worker"
             lines += ["", f"node {node.name} ({node.address}, {role}, {node.gpus} GPU(s))"]
             if node.cwd:
                 lines.append(f"  cwd:  {node.cwd}")
@@ -162,7 +169,7 @@ def plan_run(
     notes: tuple[str, ...] = (),
     program: Callable[[Placement], list[str]] | None = None,
 ) -> RunPlan:
-    """One command per node; the first node is the head and hosts the c10d store.
+    """One command per node; the first node is the head: the rendezvous store runs there.
 
     `program` gives the script and its arguments per node (default: the trainer); `launch
     bench` passes its own, so every workload goes through the same launch path.
@@ -186,7 +193,7 @@ def plan_run(
         place = placements[node.name]
         argv = torchrun_argv(
             place.python, nnodes=len(nodes), nproc_per_node=nproc, rdzv_endpoint=rdzv,
-            rdzv_id=run_id, local_addr=node.private_address, is_host=node is head,
+            rdzv_id=run_id, local_addr=node.private_address, is_host=False,
             join_timeout=recipe.rendezvous.timeout, log_dir=f"{place.run_dir}/torchrun",
         )
         argv += program(place)
@@ -196,8 +203,17 @@ def plan_run(
             env=node_env(recipe, run_id, node, place, nproc), run_dir=place.run_dir,
             cwd=place.cwd, instance_type=node.instance_type,
         ))
+    head_place = placements[head.name]
+    store = NodeCommand(
+        name=head.name, address=head.address, private_address=head.private_address,
+        is_head=True, gpus=0,
+        argv=(head_place.python, f"{head_place.code_dir}/train/rdzv_store.py",
+              "--host", head.private_address, "--port", str(port)),
+        env={"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": head.name, "PYTHONUNBUFFERED": "1"},
+        run_dir=head_place.run_dir, cwd=head_place.cwd, instance_type=head.instance_type,
+    )
     return RunPlan(
         run_id=run_id, recipe_name=recipe.name, recipe_source=recipe.source,
         rdzv_endpoint=rdzv, nproc_per_node=nproc, nodes=tuple(commands),
-        notes=notes,
+        notes=notes, store=store,
     )

@@ -436,7 +436,11 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
                          f"{tr['compute_s']:.4f} s the rest; comm hook "
                          f"{tr['comm_hook'] or 'unknown'}).")
         auto = tr.get("auto")
-        if auto:
+        if auto and auto.get("choice") == "undecided":
+            lines.append(f"comm_hook auto is undecided: {auto['reason']}; the last steps used "
+                         f"{auto.get('last_steps_used', 'all-reduce')}. Give the run more "
+                         "steps for auto to choose.")
+        elif auto:
             trial = ("" if auto["powersgd_step_s"] is None
                      else f", PowerSGD trial {auto['powersgd_step_s']:.4f} s")
             lines.append(f"comm_hook auto chose {auto['choice']} at step "

@@ -25,8 +25,11 @@ Only the syncing micro-step of gradient accumulation communicates; the others ad
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -113,3 +116,40 @@ class CommTimer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+class InterfaceCounter:
+    """Bytes this node sent on the interface its ranks talk over (GLOO/NCCL_SOCKET_IFNAME),
+    from the kernel's counter: what really crossed the wire, compression and all."""
+
+    def __init__(self):
+        self.iface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+        self.path = Path(f"/sys/class/net/{self.iface}/statistics/tx_bytes") if self.iface \
+            else None
+        self.start: tuple[int, int] | None = None
+        self.per_step: float | None = None
+
+    def counter_id(self) -> tuple[str, str | None]:
+        """Which kernel counter this is: nodes in one network namespace (local nodes on
+        loopback) read the same one."""
+        try:
+            netns = os.readlink("/proc/self/ns/net")
+        except OSError:
+            netns = socket.gethostname()
+        return netns, self.iface
+
+    def _read(self) -> int | None:
+        try:
+            return int(self.path.read_text()) if self.path else None
+        except (OSError, ValueError):
+            return None
+
+    def mark_start(self, step: int) -> None:
+        value = self._read()
+        self.start = None if value is None else (step, value)
+
+    def mark_end(self, step: int) -> None:
+        value = self._read()
+        if self.start and value is not None and step > self.start[0]:
+            self.per_step = (value - self.start[1]) / (step - self.start[0])
+

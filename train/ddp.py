@@ -260,6 +260,33 @@ class AutoCompression:
                             f"communication is {self._share:.0%} of the step but PowerSGD "
                             f"steps are only {gain:.0%} faster (< {self.min_gain:.0%})")
 
+    def uses_powersgd(self) -> bool:
+        """Whether the steps now run PowerSGD (chosen, or in the trial)."""
+        return self.state.start_powerSGD_iter != NEVER
+
+    def outcome(self, steps_done: int) -> dict:
+        """For result.json: the decision, or, when the run ended before one, why not and what
+        the last steps used (auto never ends undecided without saying so)."""
+        if self.decision is not None:
+            return {**self.decision.to_json(), "last_steps_used":
+                    "powersgd" if self.uses_powersgd() else "all-reduce"}
+        if self._trial_from is None:
+            needed = self.skip + self.window
+            phase = "the measurement of plain all-reduce"
+        else:
+            needed = self._trial_from + 1 + self.window
+            phase = "the PowerSGD trial"
+        return {
+            "choice": "undecided",
+            "reason": f"run ended at step {steps_done} during {phase} (needs {needed})",
+            "decided_at_step": None,
+            "comm_share": None if self._trial_from is None else round(self._share, 4),
+            "allreduce_step_s": None if self._trial_from is None
+            else round(self._allreduce_s, 6),
+            "powersgd_step_s": None,
+            "last_steps_used": "powersgd" if self.uses_powersgd() else "all-reduce",
+        }
+
     def _decide(self, choice: str, step: int, psgd_s: float | None, reason: str) -> AutoDecision:
         self.decision = AutoDecision(choice, reason, step, round(self._share, 4),
                                      round(self._allreduce_s, 6),

@@ -18,20 +18,23 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 # Run as a script (torchrun's entrypoint): make `train.*` importable from the shipped folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.commtime import CommTimer, summarize  # noqa: E402
-from train.data import load_dataset  # noqa: E402
-from train.ddp import (AUTO, AutoCompression, DDPSettings, choose_bucket_cap_mb,  # noqa: E402
-                       probe_link, wrap_ddp)
+from train.commtime import CommTimer, InterfaceCounter, summarize  # noqa: E402
+from train.data import DataSplits, load_dataset  # noqa: E402
+from train.ddp import (AUTO, AutoCompression, DDPSettings, LinkProbe,  # noqa: E402
+                       choose_bucket_cap_mb, probe_link, wrap_ddp)
 from train.model import build_vit, count_parameters  # noqa: E402
 from train.options import add_options  # noqa: E402
 
@@ -107,61 +110,78 @@ def init_distributed(backend: str) -> tuple[str, torch.device, int]:
     return backend, device, local_rank
 
 
-class InterfaceCounter:
-    """Bytes this node sent on the interface its ranks talk over (GLOO/NCCL_SOCKET_IFNAME),
-    from the kernel's counter: what really crossed the wire, compression and all."""
+@dataclass
+class Training:
+    """Everything one rank holds while it trains; built by `setup`, advanced by `train_step`."""
 
-    def __init__(self):
-        iface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
-        self.path = Path(f"/sys/class/net/{iface}/statistics/tx_bytes") if iface else None
-        self.start: tuple[int, int] | None = None
-        self.per_step: float | None = None
+    args: argparse.Namespace
+    backend: str
+    device: torch.device
+    rank: int
+    world: int
+    local_rank: int
+    data: DataSplits
+    ddp: DDP
+    hook_state: Any
+    settings: DDPSettings
+    link: LinkProbe | None
+    comm: CommTimer
+    auto: AutoCompression | None
+    sent: InterfaceCounter
+    optimizer: torch.optim.Optimizer
+    sampler: DistributedSampler
+    loader: DataLoader
+    steps_per_epoch: int
+    total: int
+    warmup: int
+    images_per_step: int
+    out_dir: Path
+    metrics_file: Any = None          # rank 0 only
+    step: int = 0
+    epoch: int = 0                    # epochs started (0-based index of the current one)
+    step_times: list[float] = field(default_factory=list)
+    last_loss: float = float("nan")
+    started: float = 0.0
 
-    def _read(self) -> int | None:
-        try:
-            return int(self.path.read_text()) if self.path else None
-        except (OSError, ValueError):
-            return None
+    @property
+    def epochs_total(self) -> int:
+        return math.ceil(self.total / self.steps_per_epoch)
 
-    def mark_start(self, step: int) -> None:
-        value = self._read()
-        self.start = None if value is None else (step, value)
-
-    def mark_end(self, step: int) -> None:
-        value = self._read()
-        if self.start and value is not None and step > self.start[0]:
-            self.per_step = (value - self.start[1]) / (step - self.start[0])
+    def autocast(self):
+        if self.args.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
 
-def main(argv: list[str] | None = None) -> int:
-    die_with_parent()
-    args = parse_args(argv)
+def choose_buckets(args, model, device, rank: int) -> LinkProbe | None:
+    """`bucket_cap_mb: auto`: measure the link, pick the size (train/ddp.py)."""
+    if args.bucket_cap_mb != AUTO:
+        return None
+    link = probe_link(device)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    args.bucket_cap_mb = choose_bucket_cap_mb(link, gradient_bytes)
+    if rank == 0:
+        print(f"bucket_cap_mb auto: all-reduce latency {link.latency_s * 1e3:.2f} ms, "
+              f"bandwidth {link.bandwidth_bytes_per_s / 1e6:.1f} MB/s, "
+              f"{gradient_bytes / 2**20:.1f} MiB of gradients -> {args.bucket_cap_mb} MiB "
+              "buckets", flush=True)
+    return link
+
+
+def setup(args: argparse.Namespace) -> Training:
+    """Process group, data, model, DDP with its hook, optimizer and sampler."""
     backend, device, local_rank = init_distributed(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} on {socket.gethostname()}: backend {backend}, device {device}",
           flush=True)
-
     torch.manual_seed(args.seed)
     data = load_dataset(args.dataset, args.image_size)
     model = build_vit(args.model, args.image_size, args.patch_size, data.in_channels,
                       data.num_classes, depth=args.depth, width=args.width,
                       heads=args.heads).to(device)
-    link = None
-    if args.bucket_cap_mb == AUTO:
-        link = probe_link(device)
-        gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        args.bucket_cap_mb = choose_bucket_cap_mb(link, gradient_bytes)
-        if rank == 0:
-            print(f"bucket_cap_mb auto: all-reduce latency {link.latency_s * 1e3:.2f} ms, "
-                  f"bandwidth {link.bandwidth_bytes_per_s / 1e6:.1f} MB/s, "
-                  f"{gradient_bytes / 2**20:.1f} MiB of gradients -> {args.bucket_cap_mb} MiB "
-                  "buckets", flush=True)
+    link = choose_buckets(args, model, device, rank)
     settings = DDPSettings.from_args(args)
     ddp, hook_state = wrap_ddp(model, settings, device)
-    comm = CommTimer(ddp.module, device)
-    auto = AutoCompression(hook_state) if settings.comm_hook == AUTO else None
-    sent = InterfaceCounter()
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler, drop_last=True,
@@ -171,137 +191,203 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"batch_size {args.batch_size} x {world} ranks x grad_accum_steps "
                          f"{args.grad_accum_steps} exceeds the {len(data.train)} training images")
     total = args.steps or max(1, int(round(args.epochs * steps_per_epoch)))
-    warmup = args.warmup_steps if args.warmup_steps is not None else int(0.05 * total)
-    images_per_step = args.batch_size * world * args.grad_accum_steps
-
-    def autocast():
-        if args.precision == "bf16":
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
-    out_dir = Path(args.out_dir)
-    metrics_file = None
+    run = Training(
+        args=args, backend=backend, device=device, rank=rank, world=world,
+        local_rank=local_rank, data=data, ddp=ddp, hook_state=hook_state, settings=settings,
+        link=link, comm=CommTimer(ddp.module, device),
+        auto=AutoCompression(hook_state) if settings.comm_hook == AUTO else None,
+        sent=InterfaceCounter(),
+        optimizer=torch.optim.AdamW(ddp.parameters(), lr=args.lr,
+                                    weight_decay=args.weight_decay),
+        sampler=sampler, loader=loader, steps_per_epoch=steps_per_epoch, total=total,
+        warmup=args.warmup_steps if args.warmup_steps is not None else int(0.05 * total),
+        images_per_step=args.batch_size * world * args.grad_accum_steps,
+        out_dir=Path(args.out_dir),
+    )
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        metrics_file = open(out_dir / "metrics.jsonl", "a")  # noqa: SIM115
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        run.metrics_file = open(run.out_dir / "metrics.jsonl", "a")  # noqa: SIM115
         print(f"model {args.model}: {count_parameters(model) / 1e6:.2f} M parameters, "
-              f"{len(data.train)} training images, {total} steps of {images_per_step} images, "
-              f"ddp: {settings.describe()}", flush=True)
+              f"{len(data.train)} training images, {total} steps of {run.images_per_step} "
+              f"images ({run.epochs_total} epoch(s)); ddp: {settings.describe()}", flush=True)
+    return run
 
-    step, epoch = 0, 0
-    step_times: list[float] = []
-    window_loss, window_time, window_n = 0.0, 0.0, 0
-    last_loss = float("nan")
-    started = time.perf_counter()
-    ddp.train()
-    while step < total:
-        sampler.set_epoch(epoch)
-        batches = iter(loader)
-        for _ in range(steps_per_epoch):
-            if step >= total:
+
+def train_step(run: Training, batches) -> float:
+    """One optimizer step (with its gradient accumulation); returns the summed loss."""
+    args, device, ddp = run.args, run.device, run.ddp
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(run.step, run.total, run.warmup, args.lr)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for micro in range(args.grad_accum_steps):
+        images, labels = next(batches)
+        images, labels = images.to(device), labels.to(device)
+        sync = micro == args.grad_accum_steps - 1
+        with (nullcontext() if sync else ddp.no_sync()):
+            with run.autocast():
+                loss = F.cross_entropy(ddp(images), labels) / args.grad_accum_steps
+            loss.backward()
+        if sync:
+            run.comm.backward_done()
+        loss_sum += loss.item()
+    run.optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return loss_sum
+
+
+def after_step(run: Training, dt: float) -> None:
+    """Bookkeeping every rank does after a step: timings, auto's choice, the wire counter."""
+    run.step += 1
+    run.step_times.append(dt)
+    run.comm.step_done(dt)
+    if run.step == max(WARMUP_STEPS_EXCLUDED, run.total // 2):
+        # Bytes per step in steady state: after compression warm-up and auto's choice.
+        run.sent.mark_start(run.step)
+    decision = run.auto.observe(run.comm.steps, run.device) if run.auto else None
+    if decision and run.rank == 0:
+        print(f"comm_hook auto: {decision.choice} from step {decision.decided_at_step + 1}"
+              f" ({decision.reason}; plain all-reduce step {decision.allreduce_step_s:.3f}s"
+              + ("" if decision.powersgd_step_s is None
+                 else f", PowerSGD step {decision.powersgd_step_s:.3f}s") + ")", flush=True)
+
+
+class Window:
+    """The steps since the last progress line."""
+
+    def __init__(self):
+        self.loss = self.time = 0.0
+        self.n = 0
+
+    def add(self, loss: float, dt: float) -> None:
+        self.loss, self.time, self.n = self.loss + loss, self.time + dt, self.n + 1
+
+
+def log_progress(run: Training, window: Window) -> None:
+    """Rank 0: one metrics.jsonl record and one progress line (launch parses the line)."""
+    record = {
+        "step": run.step, "epoch": run.epoch + 1, "loss": round(window.loss / window.n, 6),
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "step_time_s": round(window.time / window.n, 6),
+        "images_per_sec": round(run.images_per_step * window.n / window.time, 3),
+        "time_s": round(time.perf_counter() - run.started, 3),
+        **summarize(run.comm.steps[-window.n:]),
+    }
+    run.metrics_file.write(json.dumps(record) + "\n")
+    run.metrics_file.flush()
+    print(f"step {run.step}/{run.total} epoch {run.epoch + 1}/{run.epochs_total} "
+          f"loss {record['loss']:.4f} lr {record['lr']:.2e} "
+          f"step_time {record['step_time_s']:.3f}s {record['images_per_sec']:.1f} img/s, "
+          f"waiting on communication {record['comm_share']:.0%}", flush=True)
+
+
+def train(run: Training) -> None:
+    run.started = time.perf_counter()
+    run.ddp.train()
+    window = Window()
+    while run.step < run.total:
+        run.sampler.set_epoch(run.epoch)
+        batches = iter(run.loader)
+        for _ in range(run.steps_per_epoch):
+            if run.step >= run.total:
                 break
             t0 = time.perf_counter()
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total, warmup, args.lr)
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for micro in range(args.grad_accum_steps):
-                images, labels = next(batches)
-                images, labels = images.to(device), labels.to(device)
-                sync = micro == args.grad_accum_steps - 1
-                with (nullcontext() if sync else ddp.no_sync()):
-                    with autocast():
-                        loss = F.cross_entropy(ddp(images), labels) / args.grad_accum_steps
-                    loss.backward()
-                if sync:
-                    comm.backward_done()
-                loss_sum += loss.item()
-            optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            loss = train_step(run, batches)
             dt = time.perf_counter() - t0
-            step += 1
-            step_times.append(dt)
-            comm.step_done(dt)
-            if step == max(WARMUP_STEPS_EXCLUDED, total // 2):
-                # Bytes per step in steady state: after compression warm-up and auto's choice.
-                sent.mark_start(step)
-            decision = auto.observe(comm.steps, device) if auto else None
-            if decision and rank == 0:
-                print(f"comm_hook auto: {decision.choice} from step {decision.decided_at_step + 1}"
-                      f" ({decision.reason}; plain all-reduce step "
-                      f"{decision.allreduce_step_s:.3f}s"
-                      + ("" if decision.powersgd_step_s is None
-                         else f", PowerSGD step {decision.powersgd_step_s:.3f}s") + ")",
-                      flush=True)
-            last_loss = loss_sum
-            window_loss, window_time, window_n = window_loss + loss_sum, window_time + dt, window_n + 1
-            if rank == 0 and (step % args.log_every == 0 or step == total):
-                record = {
-                    "step": step, "epoch": epoch, "loss": round(window_loss / window_n, 6),
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "step_time_s": round(window_time / window_n, 6),
-                    "images_per_sec": round(images_per_step * window_n / window_time, 3),
-                    "time_s": round(time.perf_counter() - started, 3),
-                    **summarize(comm.steps[-window_n:]),
-                }
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                print(f"step {step}/{total} epoch {epoch} loss {record['loss']:.4f} "
-                      f"lr {record['lr']:.2e} step_time {record['step_time_s']:.3f}s "
-                      f"{record['images_per_sec']:.1f} img/s, waiting on communication "
-                      f"{record['comm_share']:.0%}", flush=True)
-                window_loss, window_time, window_n = 0.0, 0.0, 0
-        epoch += 1
-    train_time = time.perf_counter() - started
-    sent.mark_end(step)
-    # Every node reports its own counter (local rank 0 speaks for the node).
-    node = os.environ.get("LAUNCH_NODE") or socket.gethostname()
-    sent_by_node: list = [None] * world
-    dist.all_gather_object(sent_by_node, (node, sent.per_step) if local_rank == 0 else None)
-    tx_per_step = {n: round(b) for n, b in filter(None, sent_by_node) if b is not None}
+            after_step(run, dt)
+            run.last_loss = loss
+            window.add(loss, dt)
+            if run.rank == 0 and (run.step % run.args.log_every == 0 or run.step == run.total):
+                log_progress(run, window)
+                window = Window()
+        run.epoch += 1
 
-    final = torch.tensor([last_loss], dtype=torch.float64, device=device)
+
+def wire_bytes(run: Training) -> dict[str, Any]:
+    """Bytes per step each node's interface sent, from every node's own counter. Nodes that
+    share one counter (local nodes on loopback, in one network namespace) are one entry: each
+    of them would otherwise report the whole machine's traffic as its own."""
+    run.sent.mark_end(run.step)
+    node = os.environ.get("LAUNCH_NODE") or socket.gethostname()
+    mine = (node, run.sent.counter_id(), run.sent.per_step) if run.local_rank == 0 else None
+    gathered: list = [None] * run.world
+    dist.all_gather_object(gathered, mine)
+    by_counter: dict[Any, dict[str, Any]] = {}
+    for name, counter, per_step in filter(None, gathered):
+        if per_step is None:
+            continue
+        entry = by_counter.setdefault(counter, {"nodes": [], "bytes": []})
+        entry["nodes"].append(name)
+        entry["bytes"].append(per_step)
+    out = {}
+    for (_, iface), entry in by_counter.items():
+        label = "+".join(sorted(entry["nodes"]))
+        out[label] = {"bytes_per_step": round(max(entry["bytes"])), "interface": iface,
+                      "shared": len(entry["nodes"]) > 1}
+    return out
+
+
+def finish(run: Training) -> dict[str, Any] | None:
+    """Final loss, held-out accuracy; rank 0 writes result.json. Returns rank 0's result."""
+    train_time = time.perf_counter() - run.started
+    wire = wire_bytes(run)
+    final = torch.tensor([run.last_loss], dtype=torch.float64, device=run.device)
     dist.all_reduce(final)
-    final_loss = final.item() / world
+    final_loss = final.item() / run.world
     accuracy = None
-    if data.held_out is not None and len(data.held_out) > 0:
-        accuracy = evaluate(ddp.module, data.held_out, args.batch_size, device, rank, world,
-                            autocast)
-    if rank == 0:
-        steady = step_times[WARMUP_STEPS_EXCLUDED:] or step_times
-        median_step = statistics.median(steady)
-        result = {
-            "steps": step, "epochs": epoch, "world_size": world, "backend": backend,
-            "device": device.type, "parameters": count_parameters(model),
-            "final_loss": round(final_loss, 6), "eval_accuracy": accuracy,
-            "eval_images": len(data.held_out) if data.held_out is not None else 0,
-            "images_per_sec": round(images_per_step / median_step, 3),
-            "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
-            "ddp": settings.__dict__,
-            **summarize(comm.steps[WARMUP_STEPS_EXCLUDED:] or comm.steps),
-        }
-        if tx_per_step:
-            result["tx_bytes_per_step"] = tx_per_step
-        if link is not None:
-            result["link_probe"] = link.__dict__
-        if auto is not None:
-            result["auto"] = auto.decision.to_json() if auto.decision else None
-        if hook_state is not None and (auto is None or (auto.decision and
-                                                        auto.decision.choice == "powersgd")):
-            result["powersgd_compression_rate"] = hook_state.compression_stats()[0]
-        if args.save_model:
-            torch.save(ddp.module.state_dict(), out_dir / "model.pt")
-        (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-        metrics_file.close()
-        acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
-        print(f"done: {step} steps in {train_time:.1f}s, final loss {final_loss:.4f}, "
-              f"held-out accuracy {acc}, {result['images_per_sec']:.1f} img/s", flush=True)
+    held_out = run.data.held_out
+    if held_out is not None and len(held_out) > 0:
+        accuracy = evaluate(run.ddp.module, held_out, run.args.batch_size, run.device, run.rank,
+                            run.world, run.autocast)
+    if run.rank != 0:
+        return None
+    steady = run.step_times[WARMUP_STEPS_EXCLUDED:] or run.step_times
+    median_step = statistics.median(steady)
+    result = {
+        "steps": run.step, "epochs": run.epoch, "world_size": run.world,
+        "backend": run.backend, "device": run.device.type,
+        "parameters": count_parameters(run.ddp.module),
+        "final_loss": round(final_loss, 6), "eval_accuracy": accuracy,
+        "eval_images": len(held_out) if held_out is not None else 0,
+        "images_per_sec": round(run.images_per_step / median_step, 3),
+        "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
+        "ddp": asdict(run.settings),
+        **summarize(run.comm.steps[WARMUP_STEPS_EXCLUDED:] or run.comm.steps),
+    }
+    if wire:
+        result["tx_bytes_per_step"] = {k: v["bytes_per_step"] for k, v in wire.items()}
+        result["tx_counters"] = wire
+    if run.link is not None:
+        result["link_probe"] = asdict(run.link)
+    if run.auto is not None:
+        result["auto"] = run.auto.outcome(run.step)
+        if run.auto.decision is None:
+            print(f"comm_hook auto: undecided ({result['auto']['reason']}); the last steps used "
+                  f"{result['auto']['last_steps_used']}", flush=True)
+    if run.hook_state is not None and (run.auto is None or run.auto.uses_powersgd()):
+        result["powersgd_compression_rate"] = run.hook_state.compression_stats()[0]
+    if run.args.save_model:
+        torch.save(run.ddp.module.state_dict(), run.out_dir / "model.pt")
+    (run.out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    run.metrics_file.close()
+    acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    print(f"done: {run.step} steps in {train_time:.1f}s, final loss {final_loss:.4f}, "
+          f"held-out accuracy {acc}, {result['images_per_sec']:.1f} img/s", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    run = setup(parse_args(argv))
+    train(run)
+    finish(run)
     # DDP's reducer and the hook states hold the process group: drop them first, or
     # destroy_process_group() leaves it (and gloo's worker threads) to be torn down during
     # interpreter finalization, where gloo aborted one rank in ~1 of 20 runs here
     # ("terminate called without an active exception") after the other had finished.
-    del ddp, hook_state, auto
+    run.ddp = run.hook_state = run.auto = None
+    del run
     shutdown()
     return 0
 

@@ -116,8 +116,10 @@ class LocalBackend:
                          rdzv_port=rdzv_port)
         folder = RunFolder.create(Path(self.cwd, options.runs_dir), plan.run_id)
         procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
+        store = LocalNodeProcess(plan.store, folder.stamp, label="store")
         return execute_plan(plan, folder, procs, grace_s=options.grace_s,
-                            display=options.display, after=lambda: reap_run(folder.stamp))
+                            display=options.display, after=lambda: reap_run(folder.stamp),
+                            store=store)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
         """Local nodes share one machine: the command runs once, answered for every node."""

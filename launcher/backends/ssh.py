@@ -84,6 +84,9 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
 
     procs = [SshNodeProcess(commands[n.name], n, conns[n.name], options, folder.stamp)
              for n in nodes]
+    head = nodes[0]
+    store = SshNodeProcess(plan.store, head, conns[head.name], options, folder.stamp,
+                           label="store")
 
     def collect() -> None:
         def fetch(name: str):
@@ -94,7 +97,7 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
                 print(f"launch: warning: {result}")
 
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display)
+                        display=launch.display, store=store)
 
 
 class SshBackend:

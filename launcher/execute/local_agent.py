@@ -34,10 +34,10 @@ def die_with_launch(argv: list[str]) -> list[str]:
 
 
 class LocalNodeProcess:
-    def __init__(self, command: NodeCommand, stamp: str):
+    def __init__(self, command: NodeCommand, stamp: str, label: str | None = None):
         self.name = command.name
         self.command = command
-        self.stamp = stamp
+        self.stamp, self.label = stamp, label
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:

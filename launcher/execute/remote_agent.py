@@ -27,8 +27,8 @@ PGID_FILE = "launch.pgid"
 # (SIGTERM, SIGKILL 10 s later) instead of leaving the node training unsupervised. When the
 # agent ends first, the watchdog finds it gone and leaves at once.
 START_SCRIPT = """cd "$1" || exit 97
-shift
-echo $$ > """ + PGID_FILE + """
+echo $$ > "$2"
+shift 2
 exec 3<&0
 (
   trap '' TERM
@@ -104,10 +104,12 @@ class _LineQueue:
 
 class SshNodeProcess:
     def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
-                 stamp: str):
+                 stamp: str, label: str | None = None):
         self.name = command.name
         self.command, self.node, self.conn, self.options = command, node, conn, options
-        self.stamp = stamp
+        self.stamp, self.label = stamp, label
+        # Each process launch starts in the node's folder records its own process group.
+        self.pgid_file = f"launch-{label}.pgid" if label else PGID_FILE
         self.promise = None
         self.exit_code: int | None = None
         self._lines: queue.Queue = queue.Queue()
@@ -117,7 +119,7 @@ class SshNodeProcess:
     def start(self) -> None:
         env = [f"{k}={v}" for k, v in {**self.command.env, STAMP_ENV: self.stamp}.items()]
         line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
-                      self.command.cwd or ".", "env", *env, *self.command.argv)
+                      self.command.cwd or ".", self.pgid_file, "env", *env, *self.command.argv)
         self.promise = self.conn.run(line, asynchronous=True, hide=True, warn=True, pty=False,
                                      in_stream=False, out_stream=self._out,
                                      err_stream=self._err)
@@ -155,7 +157,7 @@ class SshNodeProcess:
     def signal(self, sig: int) -> None:
         """Signal the node's process group by the id it recorded: never by name."""
         name = signals.Signals(sig).name.removeprefix("SIG")
-        pgid_file = posixpath.join(self.command.cwd or ".", PGID_FILE)
+        pgid_file = posixpath.join(self.command.cwd or ".", self.pgid_file)
         line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
         for attempt in range(2):
             try:

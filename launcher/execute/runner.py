@@ -9,7 +9,7 @@ from typing import Any, Callable
 from launcher.display import make_display
 from launcher.errors import RunFailed
 from launcher.execute.supervisor import NodeProcess, Outcome, supervise
-from launcher.logs import LineRouter
+from launcher.logs import LineRouter, failure_excerpt
 from launcher.plan import RunPlan
 from launcher.runfolder import RunFolder
 
@@ -49,6 +49,9 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "comm_wait_s": result.get("comm_wait_s"),
         "compute_s": result.get("compute_s"),
         "tx_bytes_per_step": result.get("tx_bytes_per_step"),
+        # Which interface counter each figure comes from; nodes sharing one (local nodes on
+        # loopback) are one entry, counted once.
+        "tx_counters": result.get("tx_counters"),
         "ddp": result.get("ddp"),
         "auto": result.get("auto"),
         "started_at": started,
@@ -71,8 +74,9 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
 
 def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  display=None, after: Callable[[], None] | None = None,
-                 grace_s: float = 5.0) -> dict[str, Any]:
-    """Runs the plan; returns the summary, or raises RunFailed after writing it."""
+                 grace_s: float = 5.0, store: NodeProcess | None = None) -> dict[str, Any]:
+    """Runs the plan (the rendezvous `store` process first, when given); returns the summary,
+    or raises RunFailed after writing it."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display)
@@ -80,16 +84,21 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     display.message(f"run {plan.run_id}: {plan.nnodes} node(s), world size {plan.world_size}; "
                     f"logs in {folder.root}")
     try:
-        outcome = supervise(procs, router, grace_s=grace_s, notify=display.message)
+        outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
+                            services=[store] if store else [])
     finally:
         display.close()
         router.close()
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
-    folder.gather_metrics([n.name for n in plan.nodes])
-    tails = {n.name: router.tail(n.name, 20) for n in plan.nodes}
+    tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
     summary = build_summary(plan, outcome, folder, started, _now(), tails)
-    folder.write_json("summary.json", summary)
+    try:  # a run folder made read-only or full must not hide the run's outcome
+        folder.gather_metrics([n.name for n in plan.nodes])
+        folder.write_json("summary.json", summary)
+    except OSError as err:
+        display.message(f"warning: could not write the summary in {folder.root}: "
+                        f"{err.strerror or err}")
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
         from launcher.report import print_run_report
 
@@ -109,7 +118,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     failed = outcome.first_failure
     lines = [f"run {plan.run_id} {outcome.status}: {outcome.reason}."]
     if failed:
-        lines.append(f"last lines of node {failed} (full log: {folder.node_log(failed)}):")
+        lines.append(f"last lines of node {failed}, its workers' own error first (full log: "
+                     f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
     lines.append(f"logs and summary kept in {folder.root}")
     code = EXIT_INTERRUPTED if outcome.status == "interrupted" else 1

@@ -7,6 +7,7 @@ group, then SIGKILL after a grace period: by the ids launch recorded, never by n
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -90,25 +91,44 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
+# torchrun's report of a worker that died by a signal it did not send: the node where a
+# failure starts (a killed or crashed rank). The other nodes' workers then fail with a
+# connection error, often reported first.
+_SIGNAL_DEATH = re.compile(r"exitcode\s*:\s*-\d+|Signal \d+ \(SIG[A-Z0-9]+\) received by PID")
+
+
+def killed_by_signal(lines: list[str]) -> bool:
+    return any(_SIGNAL_DEATH.search(line) for line in lines)
+
+
 def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 5.0,
-              poll_s: float = 0.1, notify=None) -> Outcome:
-    """Start every node, stream its lines, stop all when one fails. Returns when all are gone."""
+              poll_s: float = 0.1, notify=None, services: list[NodeProcess] = (),
+              settle_s: float = 1.0) -> Outcome:
+    """Start every node, stream its lines, stop all when one fails. Returns when all are gone.
+
+    `services` (the rendezvous store) start first and are stopped once every node has
+    exited; one that ends while nodes still run fails the run. After the first failure the
+    others get `settle_s` to report theirs before being stopped, so that the node where it
+    started (a rank killed by a signal) is named, not the first to notice."""
     notify = notify or (lambda text: None)
     exits = {p.name: NodeExit(p.name) for p in procs}
     readers: list[threading.Thread] = []
     started_at = time.monotonic()
     stop_at: float | None = None
+    settle_until: float | None = None
+    failed_at: dict[str, float] = {}
     killed = False
     first_failure: str | None = None
     reason = ""
     status = "succeeded"
 
     def read(proc: NodeProcess) -> None:
+        label = getattr(proc, "label", None)
         try:
             for line in proc.lines():
-                router.line(proc.name, line)
+                router.line(proc.name, line, label=label)
         except Exception as err:  # a dropped connection ends the stream; poll() reports it
-            router.line(proc.name, f"[launch] output stream ended: {err}")
+            router.line(proc.name, f"[launch] output stream ended: {err}", label=label)
 
     def begin_stop(why: str) -> None:
         nonlocal stop_at
@@ -121,7 +141,31 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 exits[p.name].stopped_by_launch = True
                 p.signal(signal.SIGTERM)
 
+    def blame() -> str:
+        """The failed node where the failure began: a worker killed by a signal launch did
+        not send, else the first to report."""
+        order = sorted(failed_at, key=failed_at.get)
+        for name in order:
+            if killed_by_signal(router.tail(name, 200)):
+                return name
+        return order[0]
+
+    def start_reader(p: NodeProcess) -> None:
+        t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
+        t.start()
+        readers.append(t)
+
     with _StopRequest() as request:
+        for service in services:
+            try:
+                service.start()
+            except Exception as err:  # noqa: BLE001 (named and reported, nothing else started)
+                return Outcome(status="failed", nodes=[NodeExit(p.name, -1, started=False)
+                                                       for p in procs],
+                               first_failure=service.name,
+                               reason=f"the {getattr(service, 'label', 'service')} on "
+                                      f"{service.name} could not be started: {err}")
+            start_reader(service)
         for p in procs:
             try:
                 p.start()
@@ -132,11 +176,10 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                     exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
                 begin_stop(f"{reason}; stopping the nodes already started")
                 break
-            t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
-            t.start()
-            readers.append(t)
+            start_reader(p)
         while any(e.exit_code is None for e in exits.values()):
             time.sleep(poll_s)
+            now = time.monotonic()
             for p in procs:
                 node = exits[p.name]
                 if node.exit_code is not None:
@@ -145,11 +188,24 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 if code is None:
                     continue
                 node.exit_code = code
-                if code != 0 and first_failure is None and stop_at is None:
-                    first_failure = p.name
-                    status = "failed"
-                    reason = f"node {p.name} {describe_exit(code)}"
-                    begin_stop(f"{reason}; stopping the other nodes")
+                if code != 0 and stop_at is None:
+                    failed_at.setdefault(p.name, now)
+                    if settle_until is None:
+                        settle_until = now + settle_s
+            for service in services:
+                code = service.poll()
+                if code is not None and stop_at is None and first_failure is None:
+                    label = getattr(service, "label", "service")
+                    first_failure, status = service.name, "failed"
+                    reason = f"the {label} on node {service.name} {describe_exit(code)}"
+                    begin_stop(f"{reason}; stopping all nodes")
+            if settle_until is not None and stop_at is None and (
+                    now >= settle_until or request.signum is not None
+                    or all(e.exit_code is not None for e in exits.values())):
+                first_failure = blame()
+                status = "failed"
+                reason = f"node {first_failure} {describe_exit(exits[first_failure].exit_code)}"
+                begin_stop(f"{reason}; stopping the other nodes")
             if request.signum is not None and stop_at is None:
                 status = "interrupted"
                 reason = f"launch received {signal.Signals(request.signum).name}"
@@ -160,6 +216,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 for p in procs:
                     if exits[p.name].exit_code is None:
                         p.signal(signal.SIGKILL)
+        stop_services(services, grace_s)
     for t in readers:
         t.join(timeout=2.0)
     return Outcome(
@@ -167,3 +224,16 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         duration_s=time.monotonic() - started_at,
         stop_latency_s=None if stop_at is None else time.monotonic() - stop_at,
     )
+
+
+def stop_services(services: list[NodeProcess], grace_s: float, poll_s: float = 0.05) -> None:
+    """SIGTERM, then SIGKILL after the grace period, to whatever service still runs."""
+    running = [s for s in services if s.poll() is None]
+    for service in running:
+        service.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while running and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        running = [s for s in running if s.poll() is None]
+    for service in running:
+        service.signal(signal.SIGKILL)

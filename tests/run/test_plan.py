@@ -49,7 +49,8 @@ def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
         "/opt/launch/venv/bin/python", "-m", "torch.distributed.run",
         "--nnodes", str(n), "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "run-7",
-        "--rdzv-conf", f"is_host={1 if node_index == 0 else 0},join_timeout=300",
+        # The store runs in a process of its own on the head: every agent is a client.
+        "--rdzv-conf", "is_host=0,join_timeout=300",
         "--local-addr", f"10.0.0.{node_index + 1}", "--max-restarts", "0",
         "--tee", "3", "--log-dir", f"/srv/run/gpu{node_index}/torchrun",
         "/srv/run/code/train/main.py", *TRAINER_ARGS, "--out-dir", f"/srv/run/gpu{node_index}",
@@ -82,6 +83,9 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
     for i, command in enumerate(plan.nodes):
         assert list(command.argv) == expected_argv(n, nproc, i)
         assert command.env == expected_env(i, omp)
+    assert plan.store.name == "gpu0"
+    assert list(plan.store.argv) == ["/opt/launch/venv/bin/python", "/srv/run/code/train/rdzv_store.py",
+                                     "--host", "10.0.0.1", "--port", "29400"]
 
 
 def test_local_gpu_split_sets_cuda_visible_devices():
@@ -144,7 +148,8 @@ def test_dry_run_json_shape_and_nothing_created(run_launch, repo_root, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     text = run_launch("run", "--local", str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
                       "--dry-run", "--run-id", "dry-2", check=True).stdout
-    assert "node node0 (127.0.0.1, head, hosts the rendezvous" in text
+    assert "node node0 (127.0.0.1, head, rendezvous store here" in text
+    assert "rendezvous store on node0" in text
     assert "is_host=0" in text and "OMP_NUM_THREADS=1" in text
     assert not (tmp_path / "runs").exists()
 

@@ -3,6 +3,8 @@ recipe -> plan's trainer flags -> the trainer's argument parser -> DDP."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,9 +21,9 @@ MB = 1 << 20
 def build(ddp_tuning, name):
     recipe = recipe_from_mapping(ddp_tuning.variant_recipe(name, 1), f"{name}.yml")
     args = parse_args(trainer_args(recipe, "/tmp/unused"))
-    if args.bucket_cap_mb == "auto":
-        args.bucket_cap_mb = 7.0
     settings = DDPSettings.from_args(args)
+    if settings.bucket_cap_mb == "auto":  # the trainer measures the link; a stand-in size
+        settings = dataclasses.replace(settings, bucket_cap_mb=7.0)
     model = build_vit("vit_tiny", 8, 4, 1, 10, depth=1)
     ddp, state = wrap_ddp(model, settings, torch.device("cpu"))
     return args, ddp, state
@@ -126,3 +128,37 @@ def test_auto_switches_back_when_the_trial_does_not_pay(world_of_one, ddp_tuning
     decision = auto.observe(steps, torch.device("cpu"))
     assert decision.choice == "none" and "only 5% faster" in decision.reason
     assert state.start_powerSGD_iter == NEVER
+
+
+def test_auto_trial_starts_at_exactly_the_threshold(world_of_one, ddp_tuning):
+    _, _, state = build(ddp_tuning, "auto")
+    auto = AutoCompression(state, window=4, skip=1, min_share=0.25)
+    assert auto.observe([Step(1.0, 0.25)] * 5, torch.device("cpu")) is None  # trial starts
+    assert auto.uses_powersgd()
+
+
+def test_auto_ended_during_the_measurement_says_so(world_of_one, ddp_tuning):
+    _, _, state = build(ddp_tuning, "auto")
+    auto = AutoCompression(state, window=6, skip=2)
+    steps = [Step(1.0, 0.9)] * 5
+    assert auto.observe(steps, torch.device("cpu")) is None
+    outcome = auto.outcome(5)
+    assert outcome["choice"] == "undecided"
+    assert outcome["reason"] == ("run ended at step 5 during the measurement of plain "
+                                 "all-reduce (needs 8)")
+    assert outcome["last_steps_used"] == "all-reduce"
+
+
+def test_auto_ended_during_the_trial_says_so(world_of_one, ddp_tuning):
+    """The flaky run of issue 10: communication above the threshold, 12 steps, a trial that
+    needs 8 + 1 + 6 = 15. No decision, and summary.json used to say only null."""
+    _, _, state = build(ddp_tuning, "auto")
+    auto = AutoCompression(state, window=6, skip=2)
+    steps = [Step(1.0, 0.19)] * 8
+    assert auto.observe(steps, torch.device("cpu")) is None  # 19% >= 15%: trial from step 9
+    steps += [Step(0.9, 0.1)] * 4
+    assert auto.observe(steps, torch.device("cpu")) is None
+    outcome = auto.outcome(12)
+    assert outcome["reason"] == "run ended at step 12 during the PowerSGD trial (needs 15)"
+    assert outcome["choice"] == "undecided" and outcome["last_steps_used"] == "powersgd"
+    assert outcome["comm_share"] == 0.19
