@@ -67,7 +67,7 @@ def _step(argv: list[str], env: dict[str, str], timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
+def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     # Built from a clean copy: setuptools reuses a stale build/ in the source folder, which
     # could put files the checkout no longer has into the wheel (or hide a missing one).
@@ -99,7 +99,9 @@ def installed(tmp_path_factory) -> Installed:
     home.mkdir()
     run_env = {**env, "PATH": SYSTEM_PATH, "HOME": str(home),
                "LAUNCH_HOME": str(home / ".launch")}
-    return Installed(wheel, venv, site_packages, run_env, install_s)
+    yield Installed(wheel, venv, site_packages, run_env, install_s)
+    # 1.4 GB, mostly torch: pytest keeps the last runs' temporary folders.
+    shutil.rmtree(venv, ignore_errors=True)
 
 
 @pytest.fixture
