@@ -4,6 +4,8 @@ and pipx all see the same files (nothing is looked up relative to a checkout).""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -42,6 +44,38 @@ def bundled_recipe(name: str) -> Path | None:
         return None
     path = recipes_dir() / (name if name.endswith(RECIPE_SUFFIX) else name + RECIPE_SUFFIX)
     return path if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class RecipeHeader:
+    """What a recipe's leading comment block says about it: the first sentence, and the
+    `launch run ...` line its author wrote to show how it is meant to run."""
+
+    description: str
+    usage: str | None
+
+
+_SENTENCE_END = re.compile(r"\.(\s|$)")
+
+
+def recipe_header(path: Path) -> RecipeHeader:
+    """The header of a recipe file. The bundled recipes open with a comment that says what they
+    train where, then a `#   launch run ...` line; anything else gives an empty description."""
+    prose, usage, paragraph_done = [], None, False
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text.startswith("launch run "):
+            usage = usage or text
+            paragraph_done = True
+        elif not text:
+            paragraph_done = paragraph_done or bool(prose)
+        elif not paragraph_done:
+            prose.append(text)
+    joined = " ".join(prose)
+    end = _SENTENCE_END.search(joined)
+    return RecipeHeader(joined[:end.start() + 1] if end else joined, usage)
 
 
 def example_inventory() -> Path:

@@ -16,6 +16,8 @@ from launcher.errors import LauncherError
 
 COMMANDS = [
     "run",
+    "recipes",
+    "init",
     "lab",
     "inspect",
     "bench",

@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Ansible YAML inventory (the one `launch run -i` reads)")
     parser.add_argument("--check", action="store_true",
                         help="Ansible's check mode: report what would change, change nothing")
+    parser.add_argument("--syntax-check", action="store_true",
+                        help="only check that the bundled playbooks and the inventory parse "
+                             "(ansible-playbook --syntax-check); reaches no host")
     parser.add_argument("--tags", nargs="+", metavar="TAG", default=[],
                         help=f"only these roles (space or comma separated): {', '.join(ROLE_TAGS)}")
     parser.add_argument("--limit", metavar="HOST",
@@ -72,7 +75,9 @@ def parse_extra_vars(values: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.setup.apply import run_setup
+    from launcher.setup.apply import run_setup, syntax_check
 
+    if args.syntax_check:
+        return syntax_check(args.inventory)
     return run_setup(args.inventory, check=args.check, tags=args.tags, limit=args.limit,
                      cluster=args.cluster, extra_vars=parse_extra_vars(args.extra_vars))

@@ -283,3 +283,27 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
     out.write(f"full log: {stdout_log}\n")
     out.flush()
     return rc
+
+
+def syntax_check(inventory: Path, out: TextIO | None = None) -> int:
+    """`launch setup --syntax-check`: ansible-playbook's --syntax-check of the bundled site.yml
+    with this inventory: the playbooks parse, their roles are found, the inventory loads. It
+    reaches no host, so it answers on any machine whether launch's playbooks are usable there."""
+    out = out or sys.stdout
+    inventory = Path(inventory).resolve()
+    load_inventory(inventory)
+    ansible_playbook = _ansible_playbook()
+    playbooks = playbooks_dir()
+    out.write(f"launch setup --syntax-check: {playbooks / PLAYBOOK} with {inventory}\n"
+              f"  (by {ansible_playbook})\n")
+    proc = subprocess.run(
+        [ansible_playbook, "--syntax-check", "-i", str(inventory), PLAYBOOK], cwd=playbooks,
+        env={**os.environ, "ANSIBLE_CONFIG": str(playbooks / "ansible.cfg"),
+             "ANSIBLE_NOCOLOR": "1"},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    text = (proc.stdout + proc.stderr).strip()
+    out.write("".join(f"  {line}\n" for line in text.splitlines()))
+    out.write("syntax check passed\n" if proc.returncode == 0 else
+              f"syntax check failed: ansible-playbook exited {proc.returncode}\n")
+    out.flush()
+    return proc.returncode
