@@ -12,19 +12,19 @@ NV12 = [["X" if i == j else "NV12" for j in range(8)] for i in range(8)]
 EXPECTED = {
     # p4d-like: tabs, 8x NV12, 4 NICs named in a `NIC Legend`, GPU NUMA ID column.
     "topo_p4d.txt": {"kind": "topology", "gpus": 8, "nics": 4, "matrix": NV12,
-                     "class": "nvswitch", "worst_link": "NV12"},
+                     "class": "nvswitch", "worst_link": "NV12", "warnings": []},
     # g6e-like PCIe box pasted with spaces: NODE within a NUMA node, SYS across.
     "topo_g6e_pcie.txt": {"kind": "topology", "gpus": 4, "nics": 1, "matrix": [
         ["X", "NODE", "SYS", "SYS"], ["NODE", "X", "SYS", "SYS"],
         ["SYS", "SYS", "X", "NODE"], ["SYS", "SYS", "NODE", "X"]],
-        "class": "pcie", "worst_link": "SYS"},
+        "class": "pcie", "worst_link": "SYS", "warnings": []},
     # Old driver: NVLink bridges between pairs, `SOC` for SYS, `mlx5_0` as a column, no legend.
     "topo_partial_nvlink_old.txt": {"kind": "topology", "gpus": 4, "nics": 1, "matrix": [
         ["X", "NV2", "SYS", "SYS"], ["NV2", "X", "SYS", "SYS"],
         ["SYS", "SYS", "X", "NV2"], ["SYS", "SYS", "NV2", "X"]],
-        "class": "partial-nvlink", "worst_link": "SYS"},
+        "class": "partial-nvlink", "worst_link": "SYS", "warnings": []},
     "topo_single_gpu.txt": {"kind": "topology", "gpus": 1, "nics": 0, "matrix": [["X"]],
-                            "class": "single-gpu", "worst_link": None},
+                            "class": "single-gpu", "worst_link": None, "warnings": []},
 }
 
 
