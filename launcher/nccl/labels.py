@@ -38,7 +38,7 @@ LABELS = (
     _label("horovodrun (Gloo)", r"\[\d+\]<std(?:out|err)>:"),
     # `[default0]:tp4-pods-0:78:108 [0] NCCL INFO comm ... rank 0 nRanks 8` (role, local
     # rank), and torch's own `[rank0]: Traceback ...`
-    _label("torchrun --tee", r"\[(?:default|rank)\d+\]:"),
+    _label("torchrun --tee", r"\[(?:default|rank)\d+\]: ?"),
     # ` 0: #  Rank  0 Group  0 Pid 291005 on node005 ...` (task number; ` 0:` alone on an
     # empty line)
     _label("srun --label", r"\s*\d+:(?: |$)"),

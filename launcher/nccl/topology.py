@@ -218,7 +218,8 @@ def _matrix_rows(lines: list[str], start: int, columns: list[str], warnings: lis
 
 def _nic_codes(tokens: list[str], nics: int, row: str, warnings: list[str]
                ) -> tuple[list[str] | None, list[str]]:
-    """(the row's NIC link codes or None when they cannot be read, the affinity cells)."""
+    """(the row's NIC link codes, the affinity cells); (None, []) when the NIC cells cannot be
+    read, since where the affinity cells start is then not known either."""
     codes: list[str] = []
     taken = 0
     for token in tokens:
@@ -235,8 +236,8 @@ def _nic_codes(tokens: list[str], nics: int, row: str, warnings: list[str]
         taken += 1
     if len(codes) != nics:
         warnings.append(f"row {row}: {len(codes)} NIC link codes for {nics} NIC columns; "
-                        "its NIC links are not read")
-        return None, tokens[taken:]
+                        "its NIC links and affinity are not read")
+        return None, []
     return codes, tokens[taken:]
 
 

@@ -84,3 +84,41 @@ def test_an_unknown_code_is_refused_with_file_and_line():
 def test_unrelated_text_is_refused():
     with pytest.raises(NcclParseError, match=r"^x\.txt: not `nvidia-smi topo -m` output"):
         parse_topology("Mon Nov 11 nvidia-smi\nNo devices were found\n", "x.txt")
+
+
+def _wrapped(text: str, width: int) -> str:
+    """The text as a terminal `width` columns wide shows it and a copy keeps it: every line
+    cut into `width`-character pieces, each on a line of its own."""
+    return "".join(line[i:i + width] + "\n" for line in text.splitlines()
+                   for i in range(0, max(len(line), 1), width))
+
+
+def test_glued_nic_columns_are_split_and_said_so(data_dir):
+    topo = parse_topology((data_dir / "real" / "topo_glued_nic_columns.txt").read_text())
+    assert (topo.link_class, topo.gpus, topo.nics) == ("nvswitch", 8, 10)
+    assert topo.warnings[0] == "header: split glued 'NIC7NIC8' into NIC7, NIC8"
+    assert "row GPU6: split glued 'PXBSYS' into PXB SYS" in topo.warnings
+
+
+def test_a_terminal_wrapped_paste_reads_as_the_unwrapped_one(data_dir):
+    """Wrapping at 80 columns cuts cells and the header in two; joined back, the same facts."""
+    text = (data_dir / "real" / "topo_glued_nic_columns.txt").read_text()
+    whole, wrapped = parse_topology(text), parse_topology(_wrapped(text, 80))
+    for field in ("gpu_columns", "nic_names", "matrix", "nic_links", "cpu_affinity",
+                  "numa_affinity", "gpu_numa_id"):
+        assert getattr(wrapped, field) == getattr(whole, field), field
+    assert "the header was wrapped over 3 lines; joined" in wrapped.warnings
+    assert "row GPU0 was wrapped onto line 6; joined" in wrapped.warnings
+
+
+def test_the_gpu_block_stays_strict_while_nic_cells_are_only_warned_about():
+    header = "\tGPU0\tGPU1\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\n"
+    glued_gpu = header + "GPU0\t X \tNV4NV4\tPIX\tSYS\t0-7\t0\nGPU1\tNV4\t X \tSYS\tPIX\t0-7\t0\n"
+    with pytest.raises(NcclParseError, match=r"row GPU0, column GPU1: unknown link code 'NV4NV4'"):
+        parse_topology(glued_gpu)
+    odd_nic = header + "GPU0\t X \tNV4\tPIX\tFOO\t0-7\t0\nGPU1\tNV4\t X \tSYS\tPIX\t0-7\t0\n"
+    topo = parse_topology(odd_nic)
+    assert topo.nic_links == ((), ("SYS", "PIX"))
+    assert topo.warnings == ("row GPU0: 1 NIC link codes for 2 NIC columns; its NIC links and "
+                             "affinity are not read",)
+    assert topo.cpu_affinity == (None, "0-7")
