@@ -60,7 +60,8 @@ LABELS = (
     _label("NCCL's own timestamp", r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] "),
     # `Tue Apr 21 18:22:52 2020[0]<stdout>:cuda is available:1` (horovodrun
     # --timestamp-output, as Arena's `arena logs` shows it)
-    _label("horovodrun --timestamp-output", r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}"),
+    _label("horovodrun --timestamp-output",
+           r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}"),
 )
 
 _MAX_LABELS = 4  # a timestamp, a job launcher, an MPI tag and one more are the most seen

@@ -33,7 +33,9 @@ def _gb(value: float | None) -> str:
 
 def _hosts(ranks: int | None, hosts: list[str] | tuple[str, ...]) -> str:
     ranks_text = "unknown" if ranks is None else str(ranks)
-    return f"  ranks: {ranks_text} on {len(hosts)} host(s): {', '.join(hosts) or 'n/a'}"
+    if not hosts:
+        return f"  ranks: {ranks_text}; hosts: not named in the lines"
+    return f"  ranks: {ranks_text} on {len(hosts)} host(s): {', '.join(hosts)}"
 
 
 # At most this many failure lines in a summary: nccl-tests prints one per stack frame.

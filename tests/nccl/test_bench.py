@@ -140,7 +140,8 @@ def test_nccl_tests_output_is_parsed_and_saved(run_launch, tmp_path, data_dir):
     assert {k: doc[k] for k in recorded} == recorded
     assert doc["link_peak"] == {"gbps": 300.0,
                                 "label": "p4d.24xlarge NVLink3 300 GB/s per GPU"}
-    assert doc["peak_ratio"] == round(237.31 / 300, 4)
+    assert (doc["compared"]["figure"], doc["compared"]["ratio"]) == \
+        ("busbw", round(237.31 / 300, 4))
     assert ("launch: peak bus bandwidth 237.31 GB/s at 2 GiB = 79% of p4d.24xlarge NVLink3 "
             "300 GB/s per GPU (one node: busbw is nccl-tests' figure for a GPU link)"
             ) in proc.stdout

@@ -11,7 +11,8 @@ from launcher.nccl.detect import parse_file
 from launcher.nccl.errors import NcclParseError
 
 H100 = "NVIDIA H100 80GB HBM3"
-EFA_ERROR_AT = "int cm_req_handle_error_entry(nccl_net_ofi_context_t*, fid_cq*, fi_cq_err_entry*, uint16_t):46"
+EFA_ERROR_AT = ("int cm_req_handle_error_entry(nccl_net_ofi_context_t*, fid_cq*, "
+                "fi_cq_err_entry*, uint16_t):46")
 GENOA_FAILURE = ("GENOA-06: Test NCCL failure common.cu:392 'unhandled cuda error (run with "
                  "NCCL_DEBUG=INFO for details) / '")
 
