@@ -23,7 +23,9 @@ from launcher.nccl.bench import RESULTS_FILE
 from launcher.nccl.debug_log import NcclDebugLog, parse_debug_logs
 from launcher.nccl.detect import read_text
 from launcher.nccl.errors import NcclParseError
-from launcher.nccl.links import efa_interfaces, interconnect_class, link_peak
+from launcher.nccl.compare import compare, points_of_json
+from launcher.nccl.links import LinkPeak, efa_interfaces, interconnect_class
+from launcher.nccl.summary import human_bytes
 from launcher.nccl.topology import Topology, parse_topology
 
 REPORT_JSON = "report.json"
@@ -31,6 +33,8 @@ REPORT_MD = "report.md"
 BANDWIDTH_JSON = "bandwidth.json"
 # Below this share of the link's peak, a measured bus bandwidth is worth a warning: NVSwitch
 # reaches ~77% of NVLink's rate and EFA ~80-100% of the wire (field notes), so half is trouble.
+# busbw is what a ring moves per link, the most any algorithm moves, so a low busbw is trouble
+# whatever NCCL chose (launcher.nccl.compare).
 LOW_PEAK_RATIO = 0.5
 RED, RESET = "\033[31m", "\033[0m"
 
@@ -206,23 +210,23 @@ def _bandwidth(run_dir: Path, names: list[str], bench: Path | None,
     doc = _optional_json(path, warnings)
     if doc is None:
         return {"source": None}, warnings
-    peak = doc.get("link_peak")
-    if peak is None:
-        known = next((t for t in types if t), None)
-        computed = link_peak(known, doc.get("nnodes") or len(names))
-        peak = computed.to_json() if computed else None
-    measured = doc.get("peak_busbw")
-    ratio = round(measured / peak["gbps"], 4) if peak and measured is not None else None
+    itype = doc.get("instance_type") or next((t for t in types if t), None)
+    written = doc.get("link_peak")
+    comparison = compare(
+        doc.get("collective"), points_of_json(doc.get("rows") or []),
+        nnodes=doc.get("nnodes") or len(names), nranks=doc.get("ranks"), instance_type=itype,
+        peak=LinkPeak(written["gbps"], written["label"]) if written else None)
     out = {"source": _rel(path, run_dir), "collective": doc.get("collective"),
-           "peak_busbw": measured, "link_peak": peak, "ratio": ratio,
+           "peak_busbw": doc.get("peak_busbw"),
+           "compared": comparison.to_json() if comparison else None,
            "wrong_total": doc.get("wrong_total")}
     if doc.get("wrong_total"):
         warnings.append(f"the bench counted {doc['wrong_total']} wrong elements: the collective "
                         "returned corrupt data; do not trust its timings")
-    if ratio is not None and ratio < LOW_PEAK_RATIO:
-        warnings.append(f"measured peak bus bandwidth {measured:.2f} GB/s is {ratio:.0%} of "
-                        f"{peak['label']}: the links are not used at their speed (check the "
-                        "transports above)")
+    if comparison is not None and comparison.busbw_ratio < LOW_PEAK_RATIO:
+        warnings.append(f"measured peak bus bandwidth {comparison.busbw:.2f} GB/s is "
+                        f"{comparison.busbw_ratio:.0%} of {comparison.peak.label}: the links are "
+                        "not used at their speed (check the transports above)")
     return out, warnings
 
 
@@ -324,11 +328,11 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "bandwidth": bandwidth,
         "training": training,
         "warnings": warnings,
-        "advice": _advice(entries, training, backend),
+        "advice": _advice(entries, training),
     }
 
 
-def _advice(entries: list[dict], training: dict | None, backend: str | None) -> list[str]:
+def _advice(entries: list[dict], training: dict | None) -> list[str]:
     out = []
     if len(entries) > 1 and any(e["efa"]["expected"] and e["efa"]["used"] is False
                                 for e in entries):
@@ -337,7 +341,7 @@ def _advice(entries: list[dict], training: dict | None, backend: str | None) -> 
                    "group must allow all traffic between its own members")
     share = training.get("comm_share") if training else None
     hook = training.get("comm_hook") if training else None
-    by_share = advice.share_advice(share, hook, backend)
+    by_share = advice.share_advice(share, hook)
     if by_share or hook not in (None, "none"):
         return out + by_share  # already compressing: the wiring's advice would say so again
     classes = [e["interconnect"]["class"] for e in entries if e["interconnect"]]
@@ -346,7 +350,7 @@ def _advice(entries: list[dict], training: dict | None, backend: str | None) -> 
     if len(entries) > 1 and logs:
         fast = all(e["efa"]["used"] or any(t.startswith("NET/IB") for t in e["nccl"]["transports"])
                    for e in logs)
-    return out + advice.wiring_advice(advice.slowest_class(classes), len(entries), fast, backend)
+    return out + advice.wiring_advice(advice.slowest_class(classes), len(entries), fast)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -414,11 +418,22 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
         lines.append("None measured on these nodes: run `launch bench` with the same nodes "
                      "(its bandwidth.json is quoted here by later runs).")
     else:
-        peak = bw["link_peak"]
-        against = (f" = {bw['ratio']:.0%} of the catalog's {peak['label']}" if bw["ratio"]
-                   is not None else " (the link's peak is unknown: no instance type)")
-        lines.append(f"{bw['collective']} peak busbw {_gb(bw['peak_busbw'])}{against}; "
-                     f"from {bw['source']}.")
+        compared = bw["compared"]
+        if compared is None:
+            against = (f"{bw['collective']}: peak busbw {_gb(bw['peak_busbw'])} (no link peak "
+                       "to compare with: the instance type is not known)")
+        else:
+            peak = compared["link_peak"]
+            against = (f"{bw['collective']}: {compared['figure']} {_gb(compared['measured'])} "
+                       f"at {human_bytes(compared['size'])} = {compared['ratio']:.0%} of the "
+                       f"catalog's {peak['label']} ({compared['basis']})")
+            if compared["figure"] != "busbw":
+                against += f"; peak busbw {_gb(bw['peak_busbw'])}"
+                if compared["above_line_rate"]:
+                    against += (", above the network's line rate: NCCL's tree algorithm sends "
+                                "less across nodes than busbw assumes (NCCL_ALGO=Ring measures "
+                                "the ring)")
+        lines.append(f"{against}; from {bw['source']}.")
     lines += ["", "## Training", ""]
     tr = report["training"]
     if report["workload"] == "bench":

@@ -16,11 +16,11 @@ from launcher.commands.common import grace_seconds
 from launcher.errors import LauncherError, RunFailed
 from launcher.inventory import Node
 from launcher.nccl import bench
+from launcher.nccl.compare import bench_verdict
 from launcher.nccl.links import facts, link_peak
 from launcher.nccl.nccl_tests import parse_nccl_tests
 from launcher.nccl.plot import plot_bandwidth
 from launcher.report import write_run_report
-from launcher.nccl.summary import human_bytes
 from launcher.recipe import Recipe, recipe_from_mapping
 from launcher.runfolder import RunFolder, check_run_id, new_run_id
 
@@ -178,12 +178,8 @@ def finish(run_dir: Path, text: str, *, source: str, backend: str | None, dtype:
     if doc["peak_busbw"] is None:
         print("launch: the table holds no bus bandwidth (every time was N/A)")
     else:
-        best = max(run.rows, key=lambda r: max((m.busbw or 0.0 for m in r.measurements),
-                                               default=0.0))
-        against = (f" = {doc['peak_ratio']:.0%} of {peak.label}" if peak
-                   else " (no instance type known: no peak to compare with)")
-        print(f"launch: peak bus bandwidth {doc['peak_busbw']:.2f} GB/s at "
-              f"{human_bytes(best.size)}{against}")
+        print("launch: " + bench_verdict(run, nnodes=nnodes, instance_type=instance_type,
+                                         peak=peak))
     print(f"launch: bandwidth.txt, bandwidth.json, bandwidth.png and report.md in {run_dir}")
     if run.wrong_total:
         raise RunFailed(f"{run.wrong_total} wrong elements: the collective returned corrupt "

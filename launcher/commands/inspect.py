@@ -10,9 +10,16 @@ from launcher.nccl.detect import parse_file
 from launcher.nccl.summary import summary_lines
 
 HELP = """\
-Reads nccl-tests output (all_reduce_perf and the other *_perf binaries, any layout, with or
-without mpirun's [1,0]<stdout>: prefixes), NCCL_DEBUG=INFO logs, and `nvidia-smi topo -m`
-output, tells which each FILE is, and prints a short summary of each.
+Reads nccl-tests output (all_reduce_perf and the other *_perf binaries, any layout), NCCL_DEBUG=INFO
+logs, and `nvidia-smi topo -m` output, tells which each FILE is, and prints a short summary of
+each. Pastes are taken as people make them: the labels launchers put before lines (mpirun's
+[1,0]<stdout>:, horovodrun's [0]<stdout>:, torchrun's [default0]:, srun --label's 0:, pdsh's
+host:, SkyPilot's (head, rank=0, pid=N)) and log timestamps (kubectl, journalctl, CloudWatch,
+NCCL's own) are stripped; NCCL lines cut from their HOST:PID:TID prefix still count; topology
+columns glued or wrapped by a terminal are repaired, and the repairs listed.
+
+A run that failed after its header is a result, not an error: "failed": true, the reason, the
+failure lines, and what the NCCL lines in the output say.
 
 --json prints JSON Lines: one compact JSON object per FILE, one line each, in the order given
 (so a single FILE prints exactly one JSON object). Each object has "file" and "kind"

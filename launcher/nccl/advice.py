@@ -4,7 +4,10 @@ waiting on communication. Shared by `launch topo` and the run report. Pure.
 The rule of thumb behind it: gradient compression and larger buckets pay off only where the
 links are slow relative to the compute (PCIe between GPUs, sockets or one NIC between nodes);
 behind NVSwitch and EFA/InfiniBand the all-reduce hides under the backward pass and
-compression only adds work and accuracy risk. A measured share beats the rule of thumb.
+compression only adds work and accuracy risk. Rather than naming a compression by hand, the
+advice names `ddp.comm_hook: auto`: the trainer measures its own wait on communication and
+keeps PowerSGD only when steps get faster (README, recipes). A measured share beats the rule
+of thumb.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from launcher.nccl.links import facts, interconnect_class
 from launcher.nccl.topology import Topology
 
 COMM_SHARE_HIGH = 0.30  # more than this of each step waiting: communication is the bottleneck
-COMM_SHARE_LOW = 0.10  # less than this: communication is hidden; compression buys nothing
+# Less than this: communication is hidden, compression buys nothing and there is nothing to
+# change. (The trainer's comm_hook auto has its own threshold; the two are to be unified.)
+COMM_SHARE_LOW = 0.10
 
 SLOW_GPU_LINKS = ("pcie", "partial-nvlink")
 _CLASS_ORDER = ("pcie", "partial-nvlink", "nvswitch", "single-gpu")  # slowest first
+_AUTO = ("set ddp.comm_hook: auto and ddp.bucket_cap_mb: auto: the trainer times its "
+         "all-reduces, sizes the buckets to them, and switches to PowerSGD only if that makes "
+         "steps faster")
 
 
 def slowest_class(classes: list[str]) -> str | None:
@@ -26,26 +34,18 @@ def slowest_class(classes: list[str]) -> str | None:
     return min(classes, key=_CLASS_ORDER.index) if classes else None
 
 
-def compression_hook(backend: str | None) -> str:
-    """bf16 needs NCCL on CUDA (gloo refuses it); fp16 works everywhere."""
-    return "bf16" if backend == "nccl" else "fp16"
+def compress_advice(why: str) -> str:
+    return f"{why}: {_AUTO}"
 
 
-def compress_advice(why: str, backend: str | None) -> str:
-    return (f"{why}: set ddp.comm_hook: {compression_hook(backend)} and ddp.bucket_cap_mb: 100 "
-            "(fewer, larger all-reduces); if communication still dominates, comm_hook: powersgd "
-            "with powersgd.rank 4 sends ~100x fewer bytes at some accuracy risk")
-
-
-def wiring_advice(link_class: str | None, nnodes: int, fast_network: bool | None,
-                  backend: str | None = "nccl") -> list[str]:
+def wiring_advice(link_class: str | None, nnodes: int, fast_network: bool | None) -> list[str]:
     """Advice from the interconnect class of the nodes and whether the network between them is
     EFA/InfiniBand (None: not known)."""
     if link_class in SLOW_GPU_LINKS:
         pairs = "PCIe" if link_class == "pcie" else "PCIe for some pairs"
-        return [compress_advice(f"GPUs talk over {pairs} (no NVSwitch)", backend)]
+        return [compress_advice(f"GPUs talk over {pairs} (no NVSwitch)")]
     if nnodes > 1 and fast_network is False:
-        return [compress_advice("nodes talk over TCP sockets (no EFA or InfiniBand)", backend)]
+        return [compress_advice("nodes talk over TCP sockets (no EFA or InfiniBand)")]
     if link_class == "nvswitch" and (nnodes == 1 or fast_network):
         between = " and EFA/InfiniBand between nodes" if nnodes > 1 else ""
         return [f"NVSwitch between all GPUs{between}: no compression needed "
@@ -53,8 +53,7 @@ def wiring_advice(link_class: str | None, nnodes: int, fast_network: bool | None
     return []
 
 
-def share_advice(comm_share: float | None, comm_hook: str | None,
-                 backend: str | None) -> list[str]:
+def share_advice(comm_share: float | None, comm_hook: str | None) -> list[str]:
     """Advice from the trainer's measured wait; the share decides over the wiring."""
     if comm_share is None:
         return []
@@ -65,17 +64,17 @@ def share_advice(comm_share: float | None, comm_hook: str | None,
             if comm_share >= COMM_SHARE_HIGH else []
     if comm_share >= COMM_SHARE_HIGH:
         if comm_hook in (None, "none"):
-            return [compress_advice(f"{percent} of each step waits on communication", backend)]
+            return [compress_advice(f"{percent} of each step waits on communication")]
         if comm_hook != "powersgd":
             return [f"{percent} of each step waits on communication even with {comm_hook} "
-                    "compression: try ddp.comm_hook: powersgd (powersgd.rank 4), or faster "
-                    "links (check the transports above)"]
+                    f"compression: {_AUTO}; or faster links (check the transports above)"]
         return [f"{percent} of each step waits on communication even with PowerSGD: the links "
                 "are the bottleneck (check the transports above), or raise the per-GPU batch "
                 "so each step computes longer"]
     if comm_share < COMM_SHARE_LOW and comm_hook not in (None, "none"):
-        return [f"only {percent} of each step waits on communication: ddp.comm_hook: none "
-                f"would avoid {comm_hook} compression's accuracy risk at little cost"]
+        return [f"only {percent} of each step waits on communication: ddp.comm_hook: auto "
+                f"would keep the plain all-reduce and avoid {comm_hook} compression's accuracy "
+                "risk"]
     return []
 
 

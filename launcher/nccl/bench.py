@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError
+from launcher.nccl.compare import compare, points_of_run
 from launcher.nccl.links import LinkPeak
 from launcher.nccl.nccl_tests import Measurement, NcclTestsRun, RankDevice
 from launcher.nccl.table import measured_row, render_table
@@ -135,14 +136,15 @@ def results_table(results: dict[str, Any], comment: str) -> str:
 def bandwidth_document(run: NcclTestsRun, *, source: str, run_id: str, nnodes: int,
                        instance_type: str | None, peak: LinkPeak | None,
                        backend: str | None, dtype: str) -> dict[str, Any]:
-    """bandwidth.json: what `launch inspect --json` says of the table, plus where it ran and
-    the measured peak against the link's (the ratio a run report quotes)."""
-    measured = run.peak_busbw
-    ratio = round(measured / peak.gbps, 4) if peak and measured is not None else None
+    """bandwidth.json: what `launch inspect --json` says of the table, plus where it ran, the
+    link peak the plot draws, and the comparison a run report quotes (launcher.nccl.compare)."""
+    compared = compare(run.collective, points_of_run(run), nnodes=nnodes, nranks=run.ranks,
+                       instance_type=instance_type, peak=peak)
     return {
         "source": source, "run_id": run_id, "table": "bandwidth.txt", "backend": backend,
         "dtype": dtype, "nnodes": nnodes, "instance_type": instance_type,
-        "link_peak": peak.to_json() if peak else None, "peak_ratio": ratio,
+        "link_peak": peak.to_json() if peak else None,
+        "compared": compared.to_json() if compared else None,
         **run.to_json(),
     }
 

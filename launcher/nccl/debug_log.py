@@ -2,7 +2,11 @@
 
 Any number of files from any ranks are merged into one `NcclDebugLog`: the version, the
 network module, the OFI provider and NIC count, how many connections each transport carries,
-the channel count, the world size and the hosts.
+the channel count, the world size, the hosts and the WARN messages.
+
+Lines are read after the launcher labels are stripped (`launcher.nccl.labels`). A line that
+lost its `HOST:PID:TID [DEV]` prefix (grep output, a prefix cut by whoever pasted it) still
+counts, with its host unknown: `lines_without_host` says how many did.
 
 Transport names. A connection line `... via P2P/IPC/read` or `[send] via NET/IB/5/GDRDMA` is
 counted under its transport with the device index and modes dropped: `P2P/IPC`, `P2P/CUMEM`,
@@ -22,12 +26,22 @@ from dataclasses import dataclass
 from launcher.nccl.errors import NcclParseError
 from launcher.nccl.text import logical_lines
 
-# The prefix of every NCCL log line, found anywhere in the line so that launcher prefixes
-# (`[1,0]<stdout>:`, torchrun's `[0] `, a timestamp) may stand before it:
-# `ip-10-0-0-5:4127:4190 [3] NCCL INFO ...` (HOST:PID:TID [CUDA DEVICE])
+# The prefix of every NCCL log line, searched anywhere in the line (after the known launcher
+# labels are gone) so that a label nobody listed yet may still stand before it:
+# `ip-10-0-0-5:4127:4190 [3] NCCL INFO ...` (HOST:PID:TID [CUDA DEVICE]). WARN lines carry
+# where they were raised: `graph/search.cc:1135`, or in plugins written in C++ a whole
+# signature: `int cm_req_handle_error_entry(nccl_net_ofi_context_t*, fid_cq*, ...):46`.
 _PREFIX = re.compile(
     r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[[^\]]*\]"
-    r"(?: [\w./]+:\d+)? NCCL (?P<level>INFO|WARN|TRACE|ABORT) (?P<message>.*)$"
+    r"(?: (?!NCCL )(?P<where>.+?))? NCCL (?P<level>INFO|WARN|TRACE|ABORT) (?P<message>.*)$"
+)
+# The same line with its host unknown, at the start of a line:
+# `NCCL INFO Channel 00/0 : 3[3] -> 11[3] [receive] via NET/IBext_v8/3/GDRDMA` (grep output,
+# or a prefix stripped by the writer), `[0] NCCL INFO Using network AWS Libfabric` (prefix cut
+# to the device), `<cluster_name>:919:1150 [0] NCCL INFO ...` (host name redacted).
+_NO_HOST = re.compile(
+    r"^(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:(?P<where>\S+:\d+) )?"
+    r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) (?P<message>.*)$"
 )
 # `NCCL version 2.21.5+cuda12.4` (also bare, as NCCL_DEBUG=VERSION prints it)
 _VERSION = re.compile(r"\bNCCL version (?P<version>\d+\.\d+\.\d+)")
@@ -48,12 +62,14 @@ _CONNECTION = re.compile(
     r"^(?:Channel|Ring) (?P<channel>\d+)(?:/(?P<index>\d+))? : (?P<src>\d+)(?:\[\w+\])? -> "
     r"(?P<dst>\d+)(?:\[\w+\])? (?:\[(?P<side>send|receive)\] )?via (?P<via>.+?)\s*$"
 )
-# The ring order of each channel: `Channel 00/24 :    0   1   2   3` (24 channels)
-_RING = re.compile(r"^Channel \d+/(?P<total>\d+) :(?:\s+\d+)+\s*$")
+# The ring order of each channel, every rank once: `Channel 00/24 :    0   1   2   3`
+# (24 channels, 4 ranks)
+_RING = re.compile(r"^Channel \d+/(?P<total>\d+) :(?P<ranks>(?:\s+\d+)+)\s*$")
 # `2 coll channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer` (2.17+)
 _COLL_CHANNELS = re.compile(r"^(?P<count>\d+) coll channels")
-# `comm 0x7f5780001ca0 rank 15 nranks 32 cudaDev 7 nvmlDev 7 - Init COMPLETE`
-_RANK = re.compile(r"\brank (?P<rank>\d+) nranks (?P<nranks>\d+)\b")
+# `comm 0x7f5780001ca0 rank 15 nranks 32 cudaDev 7 nvmlDev 7 - Init COMPLETE`, and since
+# NCCL 2.19 also `comm 0x55bde5d092d0 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0`
+_RANK = re.compile(r"\brank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,10 @@ class NcclDebugLog:
     efa: OfiProvider | None  # the libfabric provider aws-ofi-nccl selected, if it was loaded
     transports: dict[str, int]  # transport name -> connections, sorted by name
     channels: int | None
-    ranks: int | None  # the largest communicator's nranks: the world size
+    ranks: int | None  # the largest communicator's nranks (else the longest ring): world size
     hosts: tuple[str, ...]  # in order of their lowest rank, hosts without ranks last
+    warnings: tuple[str, ...] = ()  # the NCCL WARN messages, each once, in order, where raised
+    lines_without_host: int = 0  # NCCL lines pasted without their HOST:PID:TID prefix
 
     @property
     def nccl_version(self) -> str | None:
@@ -102,6 +120,8 @@ class NcclDebugLog:
             "channels": self.channels,
             "ranks": self.ranks,
             "hosts": list(self.hosts),
+            "nccl_warnings": list(self.warnings),
+            "lines_without_host": self.lines_without_host,
         }
 
 
@@ -116,8 +136,35 @@ def transport_name(via: str) -> str:
     return parts[0]
 
 
+# More WARN messages than this are summarised by their count: a failing rank repeats the same
+# few for every connection, and the first ones say why.
+MAX_WARNINGS = 20
+
+
+@dataclass(frozen=True)
+class DebugLine:
+    host: str | None  # None when the line lost its HOST:PID:TID prefix
+    level: str  # INFO, WARN, TRACE or ABORT
+    where: str | None  # a WARN's source location or function, as printed
+    message: str
+
+
+def debug_line(line: str) -> DebugLine | None:
+    """An NCCL log line (labels already stripped), or None for any other line."""
+    if match := _PREFIX.search(line):
+        return DebugLine(match["host"], match["level"], match["where"], match["message"])
+    if match := _NO_HOST.match(line):
+        return DebugLine(None, match["level"], match["where"], match["message"])
+    return None
+
+
 def is_debug_line(line: str) -> bool:
-    return _PREFIX.search(line) is not None
+    return debug_line(line) is not None
+
+
+def warning_text(line: DebugLine) -> str:
+    """`NET/OFI aws-ofi-nccl initialization failed (int nccl_net_ofi_create_plugin(...):418)`"""
+    return f"{line.message} ({line.where})" if line.where else line.message
 
 
 def parse_debug_log(text: str, path: str = "<text>") -> NcclDebugLog:
@@ -133,28 +180,38 @@ def parse_debug_logs(sources: Iterable[tuple[str, str]]) -> NcclDebugLog:
     # connection key -> side ("send", "receive" or "") -> lines; see _count_connections
     connections: dict[tuple, Counter] = defaultdict(Counter)
     ring_totals: list[int] = []
+    ring_sizes: list[int] = []
     coll_channels: list[int] = []
     nranks: list[int] = []
     host_ranks: dict[str, set[int]] = {}
+    warnings: dict[str, None] = {}
+    without_host = 0
 
     for path, text in sources:
         paths.append(str(path))
         seen_nccl_line = False
-        for _, line in logical_lines(text):
-            if match := _VERSION.search(line):
+        for _, text_line in logical_lines(text):
+            if match := _VERSION.search(text_line):
                 versions.add(match["version"])
-            prefix = _PREFIX.search(line)
-            if prefix is None:
+            line = debug_line(text_line)
+            if line is None:
                 continue
             seen_nccl_line = True
-            ranks_on_host = host_ranks.setdefault(prefix["host"], set())
-            message = prefix["message"]
-            if match := _CONNECTION.match(message):
+            if line.host is None:
+                without_host += 1
+                ranks_on_host: set[int] = set()
+            else:
+                ranks_on_host = host_ranks.setdefault(line.host, set())
+            message = line.message
+            if line.level == "WARN":
+                warnings.setdefault(warning_text(line))
+            elif match := _CONNECTION.match(message):
                 key = (match["channel"], match["index"], match["src"], match["dst"],
                        transport_name(match["via"]))
                 connections[key][match["side"] or ""] += 1
             elif match := _RING.match(message):
                 ring_totals.append(int(match["total"]))
+                ring_sizes.append(len(match["ranks"].split()))
             elif match := _NETWORK.match(message):
                 networks.add(match["network"])
             elif match := _PROVIDER.search(message):
@@ -178,9 +235,20 @@ def parse_debug_logs(sources: Iterable[tuple[str, str]]) -> NcclDebugLog:
         if providers else None,
         transports=_count_connections(connections),
         channels=max(ring_totals or coll_channels or [len(channel_ids)]) or None,
-        ranks=max(nranks, default=None),
+        # A ring lists every rank of its communicator once: the world size where no line
+        # states nranks.
+        ranks=max(nranks or ring_sizes, default=None),
         hosts=tuple(sorted(host_ranks, key=lambda h: (min(host_ranks[h], default=1 << 62), h))),
+        warnings=_capped(list(warnings)),
+        lines_without_host=without_host,
     )
+
+
+def _capped(warnings: list[str]) -> tuple[str, ...]:
+    if len(warnings) <= MAX_WARNINGS:
+        return tuple(warnings)
+    more = len(warnings) - MAX_WARNINGS
+    return (*warnings[:MAX_WARNINGS], f"... and {more} more different WARN messages")
 
 
 def _count_connections(connections: dict[tuple, Counter]) -> dict[str, int]:

@@ -2,9 +2,9 @@
 peak a measurement is held against, and how many EFA interfaces NCCL should find.
 
 Which peak: inside one node every rank's ring hop is a GPU link (NVLink, or PCIe), so the
-catalog's per-GPU one-way rate is the ceiling. Across nodes the ring crosses the network, and
-nccl-tests' busbw is then bounded by the node's network rate (4x 100 Gb/s on p4d: 50 GB/s,
-against which 2-node runs measure 40-57 GB/s, nccl-tests #119), so the smaller of the two.
+catalog's per-GPU one-way rate is the ceiling. Across nodes the traffic crosses the network,
+whose rate per node (4x 100 Gb/s on p4d: 50 GB/s) is the ceiling; which measured figure is
+held against it is `launcher.nccl.compare`'s business.
 """
 
 from __future__ import annotations
@@ -53,19 +53,33 @@ def network_gbps(row: InstanceFacts) -> float | None:
     return int(match["cards"] or 1) * float(match["gbit"]) / 8
 
 
-def link_peak(instance_type: str | None, nnodes: int) -> LinkPeak | None:
+def gpu_peak(instance_type: str | None) -> LinkPeak | None:
+    """The catalog's per-GPU one-way link rate: what one node's busbw is held against."""
     row = facts(instance_type)
     if row is None:
         return None
-    gpu = LinkPeak(row.gpu_link_gbps,
-                   f"{row.instance_type} {row.gpu_link} {row.gpu_link_gbps:g} GB/s per GPU")
-    if nnodes <= 1:
-        return gpu
-    net = network_gbps(row)
-    if net is None or net >= gpu.gbps:
-        return gpu
+    return LinkPeak(row.gpu_link_gbps,
+                    f"{row.instance_type} {row.gpu_link} {row.gpu_link_gbps:g} GB/s per GPU")
+
+
+def network_peak(instance_type: str | None) -> LinkPeak | None:
+    """The node's network rate from the catalog, or None when it does not say."""
+    row = facts(instance_type)
+    net = network_gbps(row) if row else None
+    if net is None:
+        return None
     return LinkPeak(net, f"{row.instance_type} network {row.network_performance} = "
                          f"{net:g} GB/s per node")
+
+
+def link_peak(instance_type: str | None, nnodes: int) -> LinkPeak | None:
+    """The slower of the links a run crosses: the GPU link on one node, else the smaller of it
+    and the node's network."""
+    gpu = gpu_peak(instance_type)
+    if gpu is None or nnodes <= 1:
+        return gpu
+    net = network_peak(instance_type)
+    return net if net is not None and net.gbps < gpu.gbps else gpu
 
 
 def interconnect_class(instance_type: str | None) -> str | None:

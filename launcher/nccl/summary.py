@@ -33,25 +33,44 @@ def _gb(value: float | None) -> str:
 
 def _hosts(ranks: int | None, hosts: list[str] | tuple[str, ...]) -> str:
     ranks_text = "unknown" if ranks is None else str(ranks)
-    return f"  ranks: {ranks_text} on {len(hosts)} host(s): {', '.join(hosts) or 'n/a'}"
+    if not hosts:
+        return f"  ranks: {ranks_text}; hosts: not named in the lines"
+    return f"  ranks: {ranks_text} on {len(hosts)} host(s): {', '.join(hosts)}"
+
+
+# At most this many failure lines in a summary: nccl-tests prints one per stack frame.
+_FAILURE_LINES = 8
 
 
 def _nccl_tests(run: NcclTestsRun) -> list[str]:
-    peak_row = max(run.rows, key=lambda r: max(
-        (m.busbw for m in r.measurements if m.busbw is not None), default=-1.0))
     gpus = Counter(run.gpus)
+    collective = run.collective or f"output (collective unknown: {run.collective_reason})"
     lines = [
-        f"{run.path}: nccl-tests {run.collective or 'output (collective not named)'}",
+        f"{run.path}: nccl-tests {collective}",
         _hosts(run.ranks, run.hosts),
         "  gpus: " + (", ".join(f"{n}x {name}" for name, n in gpus.items()) or "n/a"),
         f"  NCCL: {run.nccl_version or 'version not printed'}",
-        f"  busbw: peak {_gb(run.peak_busbw)} at {human_bytes(peak_row.size)}, "
-        f"average {_gb(run.avg_busbw)} (nccl-tests' mean over all {len(run.rows)} sizes)",
-        f"  wrong: {'not checked' if run.wrong_total is None else run.wrong_total}",
     ]
+    if run.rows:
+        peak_row = max(run.rows, key=lambda r: max(
+            (m.busbw for m in r.measurements if m.busbw is not None), default=-1.0))
+        lines += [
+            f"  busbw: peak {_gb(run.peak_busbw)} at {human_bytes(peak_row.size)}, "
+            f"average {_gb(run.avg_busbw)} (nccl-tests' mean over all {len(run.rows)} sizes)",
+            f"  wrong: {'not checked' if run.wrong_total is None else run.wrong_total}",
+        ]
+    if run.failed:
+        lines.append(f"  FAILED: {run.failure_reason}")
+        shown = [line for line in run.failure_lines if line != run.failure_reason]
+        lines += [f"    {line}" for line in shown[:_FAILURE_LINES]]
+        if len(shown) > _FAILURE_LINES:
+            lines.append(f"    ... {len(shown) - _FAILURE_LINES} more")
     if run.wrong_total:
         lines.append(f"  warning: {run.wrong_total} wrong results: the collective returned "
                      f"corrupt data; do not trust these timings")
+    if run.debug is not None:
+        lines.append("  NCCL_DEBUG lines in the output:")
+        lines += ["  " + line for line in _debug_log(run.debug)[1:]]
     return lines
 
 
@@ -68,6 +87,10 @@ def _debug_log(log: NcclDebugLog) -> list[str]:
         f"  channels: {log.channels if log.channels is not None else 'n/a'}",
         f"  transports (connections): {transports or 'none logged'}",
     ]
+    if log.lines_without_host:
+        lines.append(f"  {log.lines_without_host} line(s) without their HOST:PID:TID prefix: "
+                     "hosts are not known from them")
+    lines += [f"  NCCL WARN: {warning}" for warning in log.warnings]
     if len(log.nccl_versions) > 1:
         lines.append(f"  warning: ranks run different NCCL versions ({log.nccl_version})")
     if len(log.networks) > 1:
@@ -85,4 +108,4 @@ def _topology(topo: Topology) -> list[str]:
         f"  class: {topo.link_class}",
         f"  worst GPU link: {topo.worst_link or 'n/a (one GPU)'}",
         f"  GPUs: {topo.gpus}, NICs: {topo.nics}{nics}",
-    ]
+    ] + [f"  repaired: {warning}" for warning in topo.warnings]

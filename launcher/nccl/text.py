@@ -1,19 +1,17 @@
-"""Line handling shared by the parsers: launcher prefixes and the numbers nccl-tests prints."""
+"""Line handling shared by the parsers: launcher labels off, and the numbers nccl-tests prints."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 
-# Open MPI's --tag-output prefix: `[1,0]<stdout>:` (job, rank, stream) before every line.
-_MPIRUN_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+from launcher.nccl.labels import strip_labels
 
 
 def logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without mpirun prefix and trailing whitespace) for each line."""
+    """(1-based line number, line without launcher labels and trailing whitespace) per line."""
     for number, line in enumerate(text.splitlines(), start=1):
-        yield number, _MPIRUN_PREFIX.sub("", line).rstrip()
+        yield number, strip_labels(line).rstrip()
 
 
 def number(token: str) -> float | None:

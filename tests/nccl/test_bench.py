@@ -140,10 +140,13 @@ def test_nccl_tests_output_is_parsed_and_saved(run_launch, tmp_path, data_dir):
     assert {k: doc[k] for k in recorded} == recorded
     assert doc["link_peak"] == {"gbps": 300.0,
                                 "label": "p4d.24xlarge NVLink3 300 GB/s per GPU"}
-    assert doc["peak_ratio"] == round(237.31 / 300, 4)
+    assert (doc["compared"]["figure"], doc["compared"]["ratio"]) == \
+        ("busbw", round(237.31 / 300, 4))
     assert ("launch: peak bus bandwidth 237.31 GB/s at 2 GiB = 79% of p4d.24xlarge NVLink3 "
-            "300 GB/s per GPU") in proc.stdout
-    assert json.loads((run / "report.json").read_text())["bandwidth"]["ratio"] == 0.791
+            "300 GB/s per GPU (one node: busbw is nccl-tests' figure for a GPU link)"
+            ) in proc.stdout
+    compared = json.loads((run / "report.json").read_text())["bandwidth"]["compared"]
+    assert (compared["figure"], compared["ratio"]) == ("busbw", 0.791)
 
 
 def test_bad_sizes_stop_before_anything_runs(run_launch, tmp_path):

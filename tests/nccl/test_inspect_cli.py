@@ -7,7 +7,7 @@ import json
 DEBUG_SOCKET = {
     "kind": "nccl-debug", "nccl_version": "2.21.5", "network": "Socket", "efa": None,
     "transports": {"NET/Socket": 4}, "channels": 2, "ranks": 2,
-    "hosts": ["ip-10-0-0-5", "ip-10-0-0-6"],
+    "hosts": ["ip-10-0-0-5", "ip-10-0-0-6"], "nccl_warnings": [], "lines_without_host": 0,
 }
 
 

@@ -106,11 +106,28 @@ def test_unrelated_text_is_refused_naming_the_file():
         parse_nccl_tests("just some notes\n# a comment\n", "notes.txt")
 
 
-def test_a_run_that_died_before_its_first_row_says_so(data_dir):
+def test_a_run_that_died_before_its_first_row_is_a_failed_result(data_dir):
     text = (data_dir / "ar_current_p4d.txt").read_text().split("           8  ")[0]
     text += "node1: Test NCCL failure common.cu:958 'unhandled system error'\n"
-    with pytest.raises(NcclParseError, match=r"^run\.log: nccl-tests header found but no result"):
-        parse_nccl_tests(text, "run.log")
+    run = parse_nccl_tests(text, "run.log")
+    assert (run.failed, run.rows, run.collective, run.ranks) == (True, (), "all_reduce", 8)
+    assert run.failure_reason == "node1: Test NCCL failure common.cu:958 'unhandled system error'"
+    assert run.to_json()["peak_busbw"] is None
+
+
+def test_a_header_without_rows_or_failure_lines_says_what_is_missing(data_dir):
+    text = (data_dir / "ar_current_p4d.txt").read_text().split("           8  ")[0]
+    run = parse_nccl_tests(text, "cut.log")
+    assert run.failed and run.failure_lines == ()
+    assert run.failure_reason.startswith("no result rows after the table header")
+
+
+def test_a_run_that_failed_midway_keeps_its_rows(data_dir):
+    text = (data_dir / "ar_current_p4d.txt").read_text().split("       16384  ")[0]
+    text += " .. ip-172-31-5-10 pid 1: Test failure common.cu:891\n"
+    run = parse_nccl_tests(text)
+    assert run.failed and [r.size for r in run.rows] == [8 << i for i in range(11)]
+    assert run.failure_lines == (" .. ip-172-31-5-10 pid 1: Test failure common.cu:891".strip(),)
 
 
 def test_two_collectives_in_one_file_are_refused(data_dir):

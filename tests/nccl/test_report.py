@@ -13,7 +13,7 @@ from launcher.report import (RED, RESET, ReportError, build_report, print_run_re
 from tests.nccl.runfolders import build_runs
 from tests.run.conftest import write_recipe
 
-RUNS = ["p4d-socket", "p4d-efa", "g6e-single", "bench-sock"]
+RUNS = ["p4d-socket", "p4d-efa", "g6e-single", "bench-sock"]  # bench-tree: its own test
 
 
 @pytest.fixture
@@ -43,10 +43,37 @@ def test_markdown_states_wiring_bandwidth_and_comm_share(runs):
     text = render_markdown(build_report(folder / "p4d-socket", facts_from=[facts]))
     assert ("| p4d-a | p4d.24xlarge | 8 | nvswitch, worst link NV12 (p4d-a/topology.txt) | "
             "2.21.5 | Socket; NET/Socket x4 | 4 / no |") in text
-    assert ("reduce_scatter peak busbw 8.02 GB/s = 16% of the catalog's p4d.24xlarge network "
-            "4x 100 Gigabit = 50 GB/s per node; from ../bench-sock/bandwidth.json.") in text
+    # Two nodes: what crosses each node's network is compared with its rate, and said so.
+    assert ("reduce_scatter: algbw x 0.5 4.58 GB/s at 256 MiB = 9% of the catalog's "
+            "p4d.24xlarge network 4x 100 Gigabit = 50 GB/s per node (across 2 nodes each node's "
+            "network carries at least reduce_scatter's algbw x 0.5 whatever algorithm NCCL "
+            "picks; busbw assumes one ring of all ranks); peak busbw 8.02 GB/s; from "
+            "../bench-sock/bandwidth.json.") in text
     assert "1843.2 images/s, 0.4167 s per step (from p4d-a/result.json)." in text
     assert "Waiting on communication: 41% of step time" in text
+
+
+def test_two_node_bench_compares_algbw_with_the_network_and_says_so(runs):
+    """nccl #527's numbers: busbw 57.2 GB/s on two p4d nodes whose network carries 50 GB/s.
+    Each node's network carries algbw of an all_reduce on 2 nodes, whatever the algorithm:
+    30.51 GB/s = 61% of the line rate, which is what the report compares."""
+    folder, facts = runs
+    report = build_report(folder / "bench-tree", facts_from=[facts])
+    compared = report["bandwidth"]["compared"]
+    assert (compared["figure"], compared["measured"], compared["size"]) == \
+        ("algbw", 30.51, 1 << 30)
+    assert compared["link_peak"] == {
+        "gbps": 50.0, "label": "p4d.24xlarge network 4x 100 Gigabit = 50 GB/s per node"}
+    assert (compared["ratio"], compared["busbw"], compared["above_line_rate"]) == \
+        (0.6102, 57.2, True)
+    assert report["warnings"] == []  # busbw above the wire is no fault of the links
+    text = render_markdown(report)
+    assert ("all_reduce: algbw 30.51 GB/s at 1 GiB = 61% of the catalog's p4d.24xlarge network "
+            "4x 100 Gigabit = 50 GB/s per node (across 2 nodes each node's network carries at "
+            "least all_reduce's algbw whatever algorithm NCCL picks; busbw assumes one ring of "
+            "all ranks); peak busbw 57.20 GB/s, above the network's line rate: NCCL's tree "
+            "algorithm sends less across nodes than busbw assumes (NCCL_ALGO=Ring measures the "
+            "ring); from bandwidth.json.") in text
 
 
 def test_an_explicit_bench_replaces_the_sibling_search(runs):
@@ -54,7 +81,7 @@ def test_an_explicit_bench_replaces_the_sibling_search(runs):
     report = build_report(folder / "p4d-efa", facts_from=[facts],
                           bench=folder / "bench-sock" / "bandwidth.json")
     assert report["bandwidth"]["source"] == "../bench-sock/bandwidth.json"
-    assert report["bandwidth"]["ratio"] == 0.1604
+    assert report["bandwidth"]["compared"]["ratio"] == 0.0916
 
 
 def test_an_all_reduce_bench_is_preferred_to_a_newer_one_of_another_collective(runs):
@@ -116,7 +143,7 @@ def test_after_a_run_the_warnings_and_advice_are_printed(runs, tmp_path, monkeyp
     assert "launch: warning: p4d-b: p4d.24xlarge has 4 EFA interfaces but NCCL used " \
            "NET/Socket" in out
     assert out[-1].startswith("launch: to change: 41% of each step waits on communication: "
-                              "set ddp.comm_hook: bf16")
+                              "set ddp.comm_hook: auto")
     assert (folder / "p4d-socket" / "report.json").exists()
 
 

@@ -8,9 +8,9 @@ import stat
 from launcher.nccl.advice import share_advice, wiring_advice
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
-COMPRESS_BF16 = ("set ddp.comm_hook: bf16 and ddp.bucket_cap_mb: 100 (fewer, larger "
-                 "all-reduces); if communication still dominates, comm_hook: powersgd with "
-                 "powersgd.rank 4 sends ~100x fewer bytes at some accuracy risk")
+AUTO = ("set ddp.comm_hook: auto and ddp.bucket_cap_mb: auto: the trainer times its "
+        "all-reduces, sizes the buckets to them, and switches to PowerSGD only if that makes "
+        "steps faster")
 NO_COMPRESSION = ("NVSwitch between all GPUs and EFA/InfiniBand between nodes: no compression "
                   "needed (ddp.comm_hook: none, the default 25 MB buckets)")
 
@@ -43,7 +43,7 @@ def test_a_node_that_differs_from_its_peer_and_its_type(data_dir):
         "b: p4d.24xlarge should be nvswitch but nvidia-smi shows pcie (worst link SYS): check "
         "the driver and fabric manager (nvidia-fabricmanager on NVSwitch machines)",
     ]
-    assert checked["advice"] == [f"GPUs talk over PCIe (no NVSwitch): {COMPRESS_BF16}"]
+    assert checked["advice"] == [f"GPUs talk over PCIe (no NVSwitch): {AUTO}"]
 
 
 def test_a_node_without_nvidia_smi_is_named_and_the_rest_still_judged(data_dir):
@@ -59,34 +59,34 @@ def test_a_node_without_nvidia_smi_is_named_and_the_rest_still_judged(data_dir):
         "Affinity` header above a `GPU0  X ...` row"]
     assert checked["nodes"][0]["topology"]["class"] == "partial-nvlink"
     assert checked["advice"] == [
-        f"GPUs talk over PCIe for some pairs (no NVSwitch): {COMPRESS_BF16}"]
+        f"GPUs talk over PCIe for some pairs (no NVSwitch): {AUTO}"]
 
 
 def test_wiring_advice_for_sockets_between_nodes_and_for_gloo():
     assert wiring_advice("nvswitch", 2, fast_network=False) == [
-        f"nodes talk over TCP sockets (no EFA or InfiniBand): {COMPRESS_BF16}"]
-    assert wiring_advice("pcie", 1, None, backend="gloo")[0].startswith(
-        "GPUs talk over PCIe (no NVSwitch): set ddp.comm_hook: fp16 ")
+        f"nodes talk over TCP sockets (no EFA or InfiniBand): {AUTO}"]
+    # No compression named by hand, for NCCL or gloo alike: auto measures and chooses.
+    for advice in wiring_advice("pcie", 1, None) + wiring_advice("nvswitch", 2, False):
+        assert "comm_hook: auto" in advice
+        assert not any(hook in advice for hook in ("bf16", "fp16", "powersgd"))
     assert wiring_advice("nvswitch", 2, fast_network=None) == []  # network unknown: no guess
     assert wiring_advice(None, 2, None) == []
 
 
 def test_the_measured_share_decides():
-    assert share_advice(0.45, "none", "nccl") == [
-        f"45% of each step waits on communication: {COMPRESS_BF16}"]
-    assert share_advice(0.45, "bf16", "nccl") == [
-        "45% of each step waits on communication even with bf16 compression: try "
-        "ddp.comm_hook: powersgd (powersgd.rank 4), or faster links (check the transports "
-        "above)"]
-    assert share_advice(0.05, "fp16", "gloo") == [
-        "only 5% of each step waits on communication: ddp.comm_hook: none would avoid fp16 "
-        "compression's accuracy risk at little cost"]
-    assert share_advice(0.2, "none", "nccl") == []
-    assert share_advice(0.05, "auto", "nccl") == []
-    assert share_advice(0.5, "auto", "nccl") == [
+    assert share_advice(0.45, "none") == [f"45% of each step waits on communication: {AUTO}"]
+    assert share_advice(0.45, "bf16") == [
+        f"45% of each step waits on communication even with bf16 compression: {AUTO}; or "
+        "faster links (check the transports above)"]
+    assert share_advice(0.05, "fp16") == [
+        "only 5% of each step waits on communication: ddp.comm_hook: auto would keep the "
+        "plain all-reduce and avoid fp16 compression's accuracy risk"]
+    assert share_advice(0.2, "none") == []
+    assert share_advice(0.05, "auto") == []
+    assert share_advice(0.5, "auto") == [
         "50% of each step waits on communication even with comm_hook: auto: the links are the "
         "bottleneck (check the transports above)"]
-    assert share_advice(None, "none", "nccl") == []
+    assert share_advice(None, "none") == []
 
 
 def test_cli_without_nvidia_smi_says_so_and_exits_1(run_launch, tmp_path):

@@ -12,19 +12,19 @@ NV12 = [["X" if i == j else "NV12" for j in range(8)] for i in range(8)]
 EXPECTED = {
     # p4d-like: tabs, 8x NV12, 4 NICs named in a `NIC Legend`, GPU NUMA ID column.
     "topo_p4d.txt": {"kind": "topology", "gpus": 8, "nics": 4, "matrix": NV12,
-                     "class": "nvswitch", "worst_link": "NV12"},
+                     "class": "nvswitch", "worst_link": "NV12", "warnings": []},
     # g6e-like PCIe box pasted with spaces: NODE within a NUMA node, SYS across.
     "topo_g6e_pcie.txt": {"kind": "topology", "gpus": 4, "nics": 1, "matrix": [
         ["X", "NODE", "SYS", "SYS"], ["NODE", "X", "SYS", "SYS"],
         ["SYS", "SYS", "X", "NODE"], ["SYS", "SYS", "NODE", "X"]],
-        "class": "pcie", "worst_link": "SYS"},
+        "class": "pcie", "worst_link": "SYS", "warnings": []},
     # Old driver: NVLink bridges between pairs, `SOC` for SYS, `mlx5_0` as a column, no legend.
     "topo_partial_nvlink_old.txt": {"kind": "topology", "gpus": 4, "nics": 1, "matrix": [
         ["X", "NV2", "SYS", "SYS"], ["NV2", "X", "SYS", "SYS"],
         ["SYS", "SYS", "X", "NV2"], ["SYS", "SYS", "NV2", "X"]],
-        "class": "partial-nvlink", "worst_link": "SYS"},
+        "class": "partial-nvlink", "worst_link": "SYS", "warnings": []},
     "topo_single_gpu.txt": {"kind": "topology", "gpus": 1, "nics": 0, "matrix": [["X"]],
-                            "class": "single-gpu", "worst_link": None},
+                            "class": "single-gpu", "worst_link": None, "warnings": []},
 }
 
 
@@ -84,3 +84,41 @@ def test_an_unknown_code_is_refused_with_file_and_line():
 def test_unrelated_text_is_refused():
     with pytest.raises(NcclParseError, match=r"^x\.txt: not `nvidia-smi topo -m` output"):
         parse_topology("Mon Nov 11 nvidia-smi\nNo devices were found\n", "x.txt")
+
+
+def _wrapped(text: str, width: int) -> str:
+    """The text as a terminal `width` columns wide shows it and a copy keeps it: every line
+    cut into `width`-character pieces, each on a line of its own."""
+    return "".join(line[i:i + width] + "\n" for line in text.splitlines()
+                   for i in range(0, max(len(line), 1), width))
+
+
+def test_glued_nic_columns_are_split_and_said_so(data_dir):
+    topo = parse_topology((data_dir / "real" / "topo_glued_nic_columns.txt").read_text())
+    assert (topo.link_class, topo.gpus, topo.nics) == ("nvswitch", 8, 10)
+    assert topo.warnings[0] == "header: split glued 'NIC7NIC8' into NIC7, NIC8"
+    assert "row GPU6: split glued 'PXBSYS' into PXB SYS" in topo.warnings
+
+
+def test_a_terminal_wrapped_paste_reads_as_the_unwrapped_one(data_dir):
+    """Wrapping at 80 columns cuts cells and the header in two; joined back, the same facts."""
+    text = (data_dir / "real" / "topo_glued_nic_columns.txt").read_text()
+    whole, wrapped = parse_topology(text), parse_topology(_wrapped(text, 80))
+    for field in ("gpu_columns", "nic_names", "matrix", "nic_links", "cpu_affinity",
+                  "numa_affinity", "gpu_numa_id"):
+        assert getattr(wrapped, field) == getattr(whole, field), field
+    assert "the header was wrapped over 3 lines; joined" in wrapped.warnings
+    assert "row GPU0 was wrapped onto line 6; joined" in wrapped.warnings
+
+
+def test_the_gpu_block_stays_strict_while_nic_cells_are_only_warned_about():
+    header = "\tGPU0\tGPU1\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\n"
+    glued_gpu = header + "GPU0\t X \tNV4NV4\tPIX\tSYS\t0-7\t0\nGPU1\tNV4\t X \tSYS\tPIX\t0-7\t0\n"
+    with pytest.raises(NcclParseError, match=r"row GPU0, column GPU1: unknown link code 'NV4NV4'"):
+        parse_topology(glued_gpu)
+    odd_nic = header + "GPU0\t X \tNV4\tPIX\tFOO\t0-7\t0\nGPU1\tNV4\t X \tSYS\tPIX\t0-7\t0\n"
+    topo = parse_topology(odd_nic)
+    assert topo.nic_links == ((), ("SYS", "PIX"))
+    assert topo.warnings == ("row GPU0: 1 NIC link codes for 2 NIC columns; its NIC links and "
+                             "affinity are not read",)
+    assert topo.cpu_affinity == (None, "0-7")
