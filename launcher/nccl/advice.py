@@ -16,11 +16,12 @@ from collections.abc import Mapping
 
 from launcher.nccl.links import facts, interconnect_class
 from launcher.nccl.topology import Topology
+from train.options import AUTO_MIN_COMM_SHARE
 
-COMM_SHARE_HIGH = 0.30  # more than this of each step waiting: communication is the bottleneck
-# Less than this: communication is hidden, compression buys nothing and there is nothing to
-# change. (The trainer's comm_hook auto has its own threshold; the two are to be unified.)
-COMM_SHARE_LOW = 0.10
+# One rule with the trainer's comm_hook auto (train/options.py): from this share of the step
+# spent waiting on communication, compression may pay and auto tries it; below it,
+# communication hides under the backward pass and there is nothing to gain.
+COMM_SHARE_HIGH = AUTO_MIN_COMM_SHARE
 
 SLOW_GPU_LINKS = ("pcie", "partial-nvlink")
 _CLASS_ORDER = ("pcie", "partial-nvlink", "nvswitch", "single-gpu")  # slowest first
@@ -71,10 +72,12 @@ def share_advice(comm_share: float | None, comm_hook: str | None) -> list[str]:
         return [f"{percent} of each step waits on communication even with PowerSGD: the links "
                 "are the bottleneck (check the transports above), or raise the per-GPU batch "
                 "so each step computes longer"]
-    if comm_share < COMM_SHARE_LOW and comm_hook not in (None, "none"):
-        return [f"only {percent} of each step waits on communication: ddp.comm_hook: auto "
-                f"would keep the plain all-reduce and avoid {comm_hook} compression's accuracy "
-                "risk"]
+    if comm_hook not in (None, "none"):
+        # Measured with compression on, the share says little about plain all-reduce's:
+        # auto measures that first and keeps compression only when steps get faster.
+        return [f"only {percent} of each step waits on communication with {comm_hook} "
+                "compression: ddp.comm_hook: auto would measure plain all-reduce first and "
+                f"keep compression (and its accuracy risk) only if it makes steps faster"]
     return []
 
 

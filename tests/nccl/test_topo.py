@@ -79,9 +79,12 @@ def test_the_measured_share_decides():
         f"45% of each step waits on communication even with bf16 compression: {AUTO}; or "
         "faster links (check the transports above)"]
     assert share_advice(0.05, "fp16") == [
-        "only 5% of each step waits on communication: ddp.comm_hook: auto would keep the "
-        "plain all-reduce and avoid fp16 compression's accuracy risk"]
-    assert share_advice(0.2, "none") == []
+        "only 5% of each step waits on communication with fp16 compression: ddp.comm_hook: "
+        "auto would measure plain all-reduce first and keep compression (and its accuracy "
+        "risk) only if it makes steps faster"]
+    # The same threshold as the trainer's comm_hook auto (15%): one rule, not two.
+    assert share_advice(0.15, "none") == [f"15% of each step waits on communication: {AUTO}"]
+    assert share_advice(0.14, "none") == []
     assert share_advice(0.05, "auto") == []
     assert share_advice(0.5, "auto") == [
         "50% of each step waits on communication even with comm_hook: auto: the links are the "
@@ -94,8 +97,9 @@ def test_cli_without_nvidia_smi_says_so_and_exits_1(run_launch, tmp_path):
     empty.mkdir()
     proc = run_launch("topo", "--local", env={"PATH": str(empty)})
     assert proc.returncode == 1
-    assert proc.stdout == ("local: nvidia-smi not found on this machine: no NVIDIA driver, so "
-                           "no GPU topology to read (a CPU machine uses gloo over TCP)\n")
+    assert proc.stdout == ("local: nvidia-smi is not installed: no NVIDIA driver, so no GPU "
+                           "topology to read (a CPU machine uses gloo over TCP; `launch setup` "
+                           "installs the driver on GPU nodes)\n")
 
 
 def test_cli_reads_nvidia_smi_and_compares_with_the_catalog(run_launch, tmp_path, data_dir):
