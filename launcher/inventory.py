@@ -1,13 +1,20 @@
-"""Nodes, and the Ansible YAML inventory they are read from and written to.
+"""Nodes, and the Ansible inventory they are read from and written to.
 
 The same file drives `launch run -i`, `launch setup` (ansible-runner) and is what
-`launch provision` writes. Hosts keep their file order; the first host is the head node, the
-one that hosts the c10d rendezvous store.
+`launch provision` writes. It is read with Ansible's own loader (InventoryManager and
+VariableManager), so launch and `launch setup` see exactly the same hosts and variables: YAML
+and INI, groups and children, host ranges (gpu-[01:16]), group_vars/ and host_vars/ next to
+the file, inventory plugins where installed. Hosts keep the inventory's order; the first one
+selected is the head node, where the rendezvous store runs.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
+import difflib
+import re
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +22,8 @@ from typing import Any
 import yaml
 
 from launcher.errors import InventoryError
+from launcher.names import component_problem
+from launcher.yamlfile import YamlFileError, load_yaml_text, read_text_file, shorten
 
 # Keys launch reads from a host (or from all.vars). Ansible's own keys keep their names.
 KNOWN_KEYS = {
@@ -32,6 +41,13 @@ KNOWN_KEYS = {
     "launch_env_file": "KEY=VALUE file every rank gets (default /etc/launch/nccl.env, written "
                        "by `launch setup` on EFA nodes)",
 }
+# Variables Ansible adds to every host by itself: not the inventory's, not kept in Node.extra.
+_MAGIC = {"ansible_config_file", "ansible_facts", "ansible_playbook_python", "ansible_version",
+          "group_names", "groups", "inventory_dir", "inventory_file", "inventory_hostname",
+          "inventory_hostname_short", "playbook_dir", "omit", "ansible_check_mode",
+          "ansible_diff_mode", "ansible_forks", "ansible_inventory_sources",
+          "ansible_run_tags", "ansible_skip_tags", "ansible_verbosity"}
+_IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 @dataclass(frozen=True)
@@ -57,90 +73,206 @@ class Node:
         return asdict(self)
 
 
-def _host_entries(path: str, group: dict[str, Any], inherited: dict[str, Any], out: dict):
-    if group is None:
-        return
-    if not isinstance(group, dict):
-        raise InventoryError(path, None, "every group must be a mapping with hosts/vars/children")
-    merged = {**inherited, **(group.get("vars") or {})}
-    hosts = group.get("hosts") or {}
-    if not isinstance(hosts, dict):
-        raise InventoryError(path, None, "'hosts' must be a mapping of host name to variables")
-    for name, hostvars in hosts.items():
-        hostvars = hostvars or {}
-        if not isinstance(hostvars, dict):
-            raise InventoryError(path, str(name), "host variables must be a mapping")
-        previous = out.get(str(name), {})
-        out[str(name)] = {**merged, **previous, **hostvars}
-    for child in (group.get("children") or {}).values():
-        _host_entries(path, child, merged, out)
-
-
-def _int(path: str, host: str, key: str, value: Any) -> int:
+def _whole(path: str, host: str, key: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InventoryError(path, host, f"{key} must be a whole number, got {value!r}")
+        raise InventoryError(path, host, f"{key} must be a whole number, got {shorten(value)}")
     try:
         number = int(value)
     except ValueError:
-        raise InventoryError(path, host, f"{key} must be a whole number, got {value!r}") from None
-    if number < 0:
-        raise InventoryError(path, host, f"{key} must not be negative, got {number}")
+        raise InventoryError(path, host, f"{key} must be a whole number, got "
+                                         f"{shorten(value)}") from None
+    if not low <= number <= high:
+        raise InventoryError(path, host, f"{key} must be from {low} to {high}, got {number}")
     return number
 
 
+def _text(path: str, host: str, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise InventoryError(path, host, f"{key} must be text, got {shorten(value)}")
+    text = str(value)
+    if not text or "\0" in text or len(text) > 4096:
+        raise InventoryError(path, host, f"{key} {shorten(text)} is not usable")
+    return text
+
+
+def _address(path: str, host: str, key: str, value: Any) -> str:
+    text = _text(path, host, key, value) or ""
+    if text.startswith("-") or any(c.isspace() for c in text) or len(text) > 255:
+        raise InventoryError(path, host, f"{key} {shorten(text)} is not a host name or address")
+    return text
+
+
 def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
-    address = str(hostvars.get("ansible_host") or name)
-    private = str(hostvars.get("private_ip") or address)
-    for key, value in (("ansible_host", address), ("private_ip", private)):
-        if value.startswith("-") or any(c.isspace() for c in value):
-            raise InventoryError(path, name, f"{key} {value!r} is not a host name or address")
+    why = component_problem(name)
+    if why:
+        raise InventoryError(path, shorten(name), f"the host name cannot be used: {why} (it "
+                                                  "names the node's folder in every run)")
+    address = _address(path, name, "ansible_host", hostvars.get("ansible_host") or name)
+    private = _address(path, name, "private_ip", hostvars.get("private_ip") or address)
     gpus, cpus = hostvars.get("gpus"), hostvars.get("cpus")
-    extra = {k: v for k, v in hostvars.items() if k not in KNOWN_KEYS}
+    interface = _text(path, name, "launch_interface", hostvars.get("launch_interface"))
+    if interface is not None and not _IFACE.match(interface):
+        raise InventoryError(path, name, f"launch_interface {shorten(interface)} is not a "
+                                         "network interface name")
+    extra = {k: v for k, v in hostvars.items() if k not in KNOWN_KEYS and k not in _MAGIC}
     return Node(
         name=name,
         address=address,
         private_address=private,
-        port=_int(path, name, "ansible_port", hostvars.get("ansible_port", 22)),
-        user=hostvars.get("ansible_user"),
-        key_file=hostvars.get("ansible_ssh_private_key_file"),
-        gpus=None if gpus is None else _int(path, name, "gpus", gpus),
-        cpus=None if cpus is None else _int(path, name, "cpus", cpus) or None,
-        python=str(hostvars.get("launch_python") or "python3"),
-        interface=hostvars.get("launch_interface"),
-        instance_type=hostvars.get("instance_type"),
-        run_root=str(hostvars.get("launch_run_root") or ".launch/runs"),
-        env_file=str(hostvars.get("launch_env_file") or "/etc/launch/nccl.env"),
+        port=_whole(path, name, "ansible_port", hostvars.get("ansible_port", 22), 1, 65535),
+        user=_text(path, name, "ansible_user", hostvars.get("ansible_user")),
+        key_file=_text(path, name, "ansible_ssh_private_key_file",
+                       hostvars.get("ansible_ssh_private_key_file")),
+        gpus=None if gpus is None else _whole(path, name, "gpus", gpus, 0, 64),
+        cpus=None if cpus is None else _whole(path, name, "cpus", cpus, 0, 4096) or None,
+        python=_text(path, name, "launch_python", hostvars.get("launch_python")) or "python3",
+        interface=interface,
+        instance_type=_text(path, name, "instance_type", hostvars.get("instance_type")),
+        run_root=_text(path, name, "launch_run_root", hostvars.get("launch_run_root"))
+        or ".launch/runs",
+        env_file=_text(path, name, "launch_env_file", hostvars.get("launch_env_file"))
+        or "/etc/launch/nccl.env",
         extra=extra,
     )
 
 
-def load_inventory(path: str | Path, limit: str | None = None) -> list[Node]:
-    """All hosts of an Ansible YAML inventory, in file order, with group vars applied."""
+def _check_file(path: str) -> None:
+    """Before Ansible reads it: a small text file (or a folder of them), and for YAML no
+    duplicate keys, alias bombs or absurd nesting (Ansible would only warn, or hang)."""
+    target = Path(path)
+    if target.is_dir():
+        return  # an inventory folder: Ansible reads its files
+    try:
+        text = read_text_file(path, "inventory")
+        if target.suffix in (".yml", ".yaml") or text.lstrip().startswith(("all:", "---")):
+            data = load_yaml_text(text, path)
+        else:
+            return
+    except YamlFileError as err:
+        raise InventoryError(path, None, err.why) from None
+    if not isinstance(data, dict):
+        raise InventoryError(path, None, "a YAML inventory is a mapping of groups (all: hosts: "
+                                         "...); see `launch init` for an example")
+    for name, group in data.items():
+        _check_group(path, str(name), group)
+
+
+def _check_group(path: str, where: str, group: Any) -> None:
+    """The shape of one YAML inventory group: Ansible accepts some wrong shapes silently
+    (children: x) and crashes on others."""
+    if group is None:
+        return
+    if not isinstance(group, dict):
+        raise InventoryError(path, None, f"{where} must be a mapping with hosts, vars or "
+                                         f"children, got {shorten(group)}")
+    for key, value in group.items():
+        if key not in ("hosts", "vars", "children"):
+            raise InventoryError(path, None, f"{where}.{key}: unknown key (a group holds "
+                                             "hosts, vars and children)")
+        if value is not None and not isinstance(value, dict):
+            raise InventoryError(path, None, f"{where}.{key} must be a mapping, got "
+                                             f"{shorten(value)}")
+    for host, hostvars in (group.get("hosts") or {}).items():
+        if hostvars is not None and not isinstance(hostvars, dict):
+            raise InventoryError(path, str(host), "host variables must be a mapping, got "
+                                                  f"{shorten(hostvars)}")
+    for child, sub in (group.get("children") or {}).items():
+        _check_group(path, f"{where}.children.{child}", sub)
+
+
+@contextlib.contextmanager
+def _ansible_warnings(collect: list[str]) -> Iterator[None]:
+    """Ansible prints its warnings itself; gather them to say them once, in launch's words."""
+    from ansible.utils.display import Display
+
+    display = Display()
+    original = display.warning
+
+    def keep(msg, formatted=False, **_):
+        collect.append(" ".join(str(msg).split()))
+
+    display.warning = keep
+    try:
+        yield
+    finally:
+        display.warning = original
+
+
+def _ansible_hosts(path: str, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """(host, variables) for the selected hosts, in the inventory's order."""
+    import ansible.constants as C
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    # A file no plugin can parse is an error, not a warning and an empty inventory.
+    C.INVENTORY_UNPARSED_IS_FAILED = True
+    C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
+    warnings: list[str] = []
+    try:
+        with _ansible_warnings(warnings):
+            loader = DataLoader()
+            manager = InventoryManager(loader=loader, sources=[path])
+            variables = VariableManager(loader=loader, inventory=manager)
+            hosts = manager.get_hosts(limit or "all")
+            found = [(h.name, variables.get_vars(host=h, include_hostvars=False))
+                     for h in hosts]
+    except AnsibleError as err:
+        why = " ".join(str(getattr(err, "message", err)).split())
+        raise InventoryError(path, None, f"Ansible cannot read it: {shorten(why, 400)}") \
+            from None
+    except (RecursionError, UnicodeError, ValueError, TypeError) as err:
+        raise InventoryError(path, None, f"Ansible cannot read it: {type(err).__name__}: "
+                                         f"{shorten(str(err), 200)}") from None
+    if limit and not found:
+        raise InventoryError(path, None, f"--limit {limit} matches no host"
+                             + (f" ({warnings[0]})" if warnings else ""))
+    return found
+
+
+def _warn_stderr(text: str) -> None:
+    print(f"launch: warning: {text}", file=sys.stderr)
+
+
+def _lint(path: str, entries: list[tuple[str, dict[str, Any]]],
+          warn: Callable[[str], None]) -> None:
+    """Accepted, but probably not meant: close misspellings of launch's keys, and two host
+    names for one address."""
+    known = list(KNOWN_KEYS)
+    for name, hostvars in entries:
+        for key in hostvars:
+            if key in KNOWN_KEYS or key in _MAGIC or key.startswith("ansible_"):
+                continue
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+            if close:
+                warn(f"{path}: host {name}: unknown key {key} (did you mean {close[0]}?): it "
+                     "is kept for Ansible but launch does not read it")
+    seen: dict[tuple[Any, Any], str] = {}
+    for name, hostvars in entries:
+        where = (hostvars.get("ansible_host") or name, hostvars.get("ansible_port", 22))
+        if where in seen:
+            warn(f"{path}: hosts {seen[where]} and {name} are the same machine "
+                 f"({where[0]}:{where[1]}): each runs a node agent there")
+        seen.setdefault(where, name)
+
+
+def load_inventory(path: str | Path, limit: str | None = None,
+                   warn: Callable[[str], None] = _warn_stderr) -> list[Node]:
+    """The hosts of an Ansible inventory (all, or those `limit` selects, an Ansible host
+    pattern), in inventory order, with every variable Ansible would give them."""
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise InventoryError(path, None, f"cannot read the inventory: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise InventoryError(path, None, f"not valid YAML: {err}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("all"), dict):
-        raise InventoryError(
-            path, None, "expected an Ansible YAML inventory with a top-level 'all:' group "
-            "(see inventory.example.yml)"
-        )
-    entries: dict[str, dict[str, Any]] = {}
-    _host_entries(path, data["all"], {}, entries)
+    if not Path(path).exists():
+        raise InventoryError(path, None, "cannot read the inventory: no such file or folder")
+    _check_file(path)
+    entries = _ansible_hosts(path, limit)
     if not entries:
-        raise InventoryError(path, None, "the inventory lists no hosts under all.hosts")
-    nodes = [node_from_vars(path, name, hv) for name, hv in entries.items()]
-    if limit:
-        patterns = [p for p in limit.split(",") if p]
-        nodes = [n for n in nodes if any(fnmatch.fnmatchcase(n.name, p) for p in patterns)]
-        if not nodes:
-            raise InventoryError(path, None, f"--limit {limit} matches no host")
-    return nodes
+        raise InventoryError(path, None, "the inventory lists no hosts (see `launch init` "
+                                         "for an example inventory)")
+    _lint(path, entries, warn)
+    return [node_from_vars(path, name, hostvars) for name, hostvars in entries]
 
 
 def select_nodes(nodes: list[Node], count: int, path: str | Path) -> list[Node]:

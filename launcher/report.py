@@ -27,6 +27,7 @@ from launcher.nccl.compare import compare, points_of_json
 from launcher.nccl.links import LinkPeak, efa_interfaces, interconnect_class
 from launcher.nccl.summary import human_bytes
 from launcher.nccl.topology import Topology, parse_topology
+from launcher.yamlfile import shorten
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -479,12 +480,22 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
 def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
     """Writes report.json and report.md into the run folder; returns the report."""
     run_dir = Path(run_dir)
-    report = build_report(run_dir, bench=bench)
-    for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
-                       (REPORT_MD, render_markdown(report))):
-        tmp = run_dir / f"{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(run_dir / name)
+    try:
+        report = build_report(run_dir, bench=bench)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        # A hand-edited or foreign plan.json/summary.json: say which, not where it broke.
+        raise ReportError(f"{run_dir}: plan.json or summary.json is not what launch writes "
+                          f"({type(err).__name__}: {shorten(str(err), 120)}); the run's logs "
+                          "are still in its node folders") from None
+    try:
+        for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
+                           (REPORT_MD, render_markdown(report))):
+            tmp = run_dir / f"{name}.tmp"
+            tmp.write_text(text)
+            tmp.replace(run_dir / name)
+    except OSError as err:
+        raise ReportError(f"{run_dir}: cannot write the report there: "
+                          f"{err.strerror or err}") from None
     return report
 
 

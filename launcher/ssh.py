@@ -71,7 +71,11 @@ class SshOptions:
 
     @classmethod
     def from_args(cls, args) -> SshOptions:
-        return cls(known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys)
+        known = args.known_hosts
+        if known and Path(known).expanduser().is_dir():
+            raise LauncherError(f"--known-hosts {known} is a folder: give the known_hosts file "
+                                "(e.g. ~/.ssh/known_hosts)")
+        return cls(known_hosts=known, accept_new_host_keys=args.accept_new_host_keys)
 
 
 def connect(node: Node, options: SshOptions) -> Connection:

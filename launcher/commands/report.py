@@ -25,11 +25,25 @@ else from the newest bench among RUN_DIR's sibling run folders that ran on the s
 def register(sub) -> None:
     p = sub.add_parser("report", help="regenerate and print a run's report (report.md)",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", metavar="RUN_DIR", help="runs/<run_id>")
+    p.add_argument("run_dir", metavar="RUN", help="a run folder (runs/<run_id>) or a run id")
+    p.add_argument("--runs-dir", default="runs",
+                   help="where to look for a bare run id (default: runs/)")
     p.add_argument("--bench", metavar="BANDWIDTH_JSON",
                    help="quote this bench's bandwidth.json (or its run folder)")
     p.add_argument("--json", action="store_true", help="print report.json instead")
     p.set_defaults(func=main)
+
+
+def find_run_dir(run: str, runs_dir: str) -> Path:
+    """A run folder as given, or a bare run id looked up in --runs-dir."""
+    given = Path(run)
+    if given.is_dir():
+        return given
+    by_id = Path(runs_dir) / run
+    if "/" not in run and by_id.is_dir():
+        return by_id
+    raise ReportError(f"no run folder {run} here or in {runs_dir}/: pass runs/<run_id>, a run "
+                      "id (with --runs-dir if the runs are elsewhere), or a folder path")
 
 
 def main(args) -> int:
@@ -39,7 +53,7 @@ def main(args) -> int:
     if bench and not Path(bench).is_file():
         raise ReportError(f"--bench {args.bench}: no bandwidth.json there; pass the run folder "
                           "of a `launch bench` or its bandwidth.json")
-    report = write_run_report(args.run_dir, bench=bench)
+    report = write_run_report(find_run_dir(args.run_dir, args.runs_dir), bench=bench)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

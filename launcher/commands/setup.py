@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import LauncherError
+from launcher.yamlfile import YamlFileError, load_yaml_file
 
 HELP = """\
 Applies playbooks/site.yml to every host of an Ansible YAML inventory through ansible-runner:
@@ -60,9 +59,9 @@ def parse_extra_vars(values: list[str]) -> dict:
         if value.startswith("@"):
             path = value[1:]
             try:
-                data = yaml.safe_load(Path(path).read_text())
-            except (OSError, yaml.YAMLError) as err:
-                raise LauncherError(f"-e {value}: cannot read {path}: {err}") from None
+                data = load_yaml_file(path, "variables file")
+            except YamlFileError as err:
+                raise LauncherError(f"-e {value}: {err}") from None
             if not isinstance(data, dict):
                 raise LauncherError(f"-e {value}: {path} must hold a mapping of variables")
             merged.update(data)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from launcher.nccl.debug_log import NcclDebugLog, is_debug_line, parse_debug_log
@@ -46,9 +48,21 @@ def parse_text(text: str, path: str = "<text>") -> Parsed:
     raise NcclParseError(path, f"not a log `launch inspect` knows: {EXPECTED}")
 
 
+MAX_LOG_BYTES = 256 << 20  # a day of NCCL_DEBUG=INFO from 8 ranks fits; /dev/zero does not
+
+
 def read_text(path: str | Path) -> str:
-    """A log's text; undecodable bytes are replaced rather than refused (logs carry them)."""
+    """A log's text; undecodable bytes are replaced rather than refused (logs carry them).
+    Only regular files: a FIFO or a device (`launch inspect /dev/zero`) would never end."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise NcclParseError(str(path), "not a regular file (a folder, FIFO or device): "
+                                            "give a saved log or output file")
+        if info.st_size > MAX_LOG_BYTES:
+            raise NcclParseError(str(path), f"{info.st_size} bytes is more than the "
+                                            f"{MAX_LOG_BYTES >> 20} MiB launch reads; cut the "
+                                            "part you need")
         return Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as err:
         raise NcclParseError(str(path), f"cannot read it: {err.strerror or err}") from None
