@@ -10,17 +10,19 @@ selected is the head node, where the rendezvous store runs.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
+import json
 import re
+import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from launcher.ansible_inventory import MAGIC as _MAGIC
 from launcher.errors import InventoryError
 from launcher.names import component_problem
 from launcher.yamlfile import YamlFileError, load_yaml_text, read_text_file, shorten
@@ -41,12 +43,6 @@ KNOWN_KEYS = {
     "launch_env_file": "KEY=VALUE file every rank gets (default /etc/launch/nccl.env, written "
                        "by `launch setup` on EFA nodes)",
 }
-# Variables Ansible adds to every host by itself: not the inventory's, not kept in Node.extra.
-_MAGIC = {"ansible_config_file", "ansible_facts", "ansible_playbook_python", "ansible_version",
-          "group_names", "groups", "inventory_dir", "inventory_file", "inventory_hostname",
-          "inventory_hostname_short", "playbook_dir", "omit", "ansible_check_mode",
-          "ansible_diff_mode", "ansible_forks", "ansible_inventory_sources",
-          "ansible_run_tags", "ansible_skip_tags", "ansible_verbosity"}
 _IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
@@ -182,52 +178,29 @@ def _check_group(path: str, where: str, group: Any) -> None:
         _check_group(path, f"{where}.children.{child}", sub)
 
 
-@contextlib.contextmanager
-def _ansible_warnings(collect: list[str]) -> Iterator[None]:
-    """Ansible prints its warnings itself; gather them to say them once, in launch's words."""
-    from ansible.utils.display import Display
-
-    display = Display()
-    original = display.warning
-
-    def keep(msg, formatted=False, **_):
-        collect.append(" ".join(str(msg).split()))
-
-    display.warning = keep
-    try:
-        yield
-    finally:
-        display.warning = original
-
-
 def _ansible_hosts(path: str, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
-    """(host, variables) for the selected hosts, in the inventory's order."""
-    import ansible.constants as C
-    from ansible.errors import AnsibleError
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.vars.manager import VariableManager
-
-    # A file no plugin can parse is an error, not a warning and an empty inventory.
-    C.INVENTORY_UNPARSED_IS_FAILED = True
-    C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
-    warnings: list[str] = []
+    """(host, variables) for the selected hosts, in the inventory's order, from Ansible's own
+    loader run in a child process (launcher/ansible_inventory.py): Ansible patches parts of
+    the interpreter when imported (sys.intern, which later broke torch's DDP in the same
+    process), and launch's own process stays free of that."""
+    argv = [sys.executable, "-m", "launcher.ansible_inventory", path, limit or "all"]
     try:
-        with _ansible_warnings(warnings):
-            loader = DataLoader()
-            manager = InventoryManager(loader=loader, sources=[path])
-            variables = VariableManager(loader=loader, inventory=manager)
-            hosts = manager.get_hosts(limit or "all")
-            found = [(h.name, variables.get_vars(host=h, include_hostvars=False))
-                     for h in hosts]
-    except AnsibleError as err:
-        why = " ".join(str(getattr(err, "message", err)).split())
-        raise InventoryError(path, None, f"Ansible cannot read it: {shorten(why, 400)}") \
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise InventoryError(path, None, f"Ansible's inventory loader did not answer: {err}") \
             from None
-    except (RecursionError, UnicodeError, ValueError, TypeError) as err:
-        raise InventoryError(path, None, f"Ansible cannot read it: {type(err).__name__}: "
-                                         f"{shorten(str(err), 200)}") from None
+    try:
+        answer = json.loads(proc.stdout)
+    except ValueError:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise InventoryError(path, None, "Ansible's inventory loader failed: "
+                                         f"{shorten(detail[0], 300)}") from None
+    if answer.get("error"):
+        raise InventoryError(path, None, f"Ansible cannot read it: {answer['error']}")
+    found = [(name, hostvars) for name, hostvars in answer["hosts"]]
     if limit and not found:
+        warnings = answer.get("warnings") or []
         raise InventoryError(path, None, f"--limit {limit} matches no host"
                              + (f" ({warnings[0]})" if warnings else ""))
     return found
