@@ -26,6 +26,7 @@ COMMANDS = [
     "setup",
     "teardown",
     "status",
+    "extend",
 ]
 
 
