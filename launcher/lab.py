@@ -29,7 +29,6 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.inventory import Node, write_inventory
-from launcher.ssh import proxy_command, ssh_common_args
 
 SSHD = "/usr/sbin/sshd"
 
@@ -75,7 +74,7 @@ def _free_subnet(private: bool = False) -> ipaddress.IPv4Network:
         if f" {net.network_address + 1}/" not in used and str(net) not in routes and \
                 not any(f" {net.network_address + 10 + i}/" in used for i in range(32)):
             return net
-    raise LabError("no free 10.x.y.0/24 subnet for the lab")
+    raise LabError(f"no free {'172.16-31' if private else '10.200-249'}.x.0/24 subnet for the lab")
 
 
 @dataclass
@@ -209,6 +208,10 @@ class Lab:
         _run(*ns, "ip", "link", "set", inside, "up")
 
     def _write_inventory(self, python: str) -> None:
+        # Imported here: launcher.ssh loads fabric and paramiko, which `launch --help` and the
+        # other lab commands do not need.
+        from launcher.ssh import proxy_command, ssh_common_args
+
         head = self.hosts[0]
         nodes = []
         for i, h in enumerate(self.hosts):

@@ -65,9 +65,18 @@ def ssh_options(common: str) -> list[tuple[str, str]]:
     return out
 
 
-def _option(common: str, name: str) -> str | None:
+def _options_of(node: Node) -> list[tuple[str, str]]:
+    common = str(node.extra.get("ansible_ssh_common_args") or "")
+    try:
+        return ssh_options(common)
+    except ValueError as err:
+        raise HostProblem(node.name, f"ansible_ssh_common_args {common!r} is not valid shell "
+                                     f"quoting ({err})") from None
+
+
+def _option(node: Node, name: str) -> str | None:
     # OpenSSH: the first value given for an option wins.
-    return next((v for k, v in ssh_options(common) if k == name), None)
+    return next((v for k, v in _options_of(node) if k == name), None)
 
 
 def known_hosts_for(node: Node, override: str | None) -> Path:
@@ -75,7 +84,7 @@ def known_hosts_for(node: Node, override: str | None) -> Path:
     agree on one file), else ~/.ssh/known_hosts."""
     if override:
         return Path(override).expanduser()
-    value = _option(str(node.extra.get("ansible_ssh_common_args") or ""), "userknownhostsfile")
+    value = _option(node, "userknownhostsfile")
     if value:
         return Path(value.split()[0]).expanduser()
     return Path(os.environ.get("LAUNCH_KNOWN_HOSTS", DEFAULT_KNOWN_HOSTS)).expanduser()
@@ -240,8 +249,7 @@ def _hop_node(node: Node, hop: _Hop) -> Node:
 def gateway_for(node: Node) -> Node | str | None:
     """What the inventory says stands between this machine and the node: a jump host (as a
     Node to connect to), a ProxyCommand launch cannot read (run as it is), or nothing."""
-    common = str(node.extra.get("ansible_ssh_common_args") or "")
-    for key, value in ssh_options(common):
+    for key, value in _options_of(node):
         if key == "proxyjump":
             if value.lower() == "none":
                 return None

@@ -30,8 +30,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def live(types: list[str], region: str | None) -> tuple[dict[str, InstanceFacts], str]:
     """Built-in facts enriched from EC2 where possible, and a note on where they came from."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from launcher.provision import aws
 
     sess = aws.session(region)
@@ -40,7 +38,7 @@ def live(types: list[str], region: str | None) -> tuple[dict[str, InstanceFacts]
                 "built-in table (no AWS credentials or region: EC2 was not asked)")
     try:
         answer = aws.client(sess, "ec2", quick=True).describe_instance_types(InstanceTypes=types)
-    except (ClientError, BotoCoreError) as err:
+    except aws.LOOKUP_ERRORS as err:
         if any(catalog.builtin(t) is None for t in types):
             raise aws.AwsError(aws.explain(err, "DescribeInstanceTypes", ", ".join(types))) \
                 from None
@@ -67,6 +65,12 @@ def _price(f: InstanceFacts) -> str:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
+    from launcher.provision.aws import unreadable_answers
+
+    return unreadable_answers(_run)(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     types = args.types or catalog.known_types()
     if args.offline:
         facts = {t: catalog.lookup(t) for t in types}

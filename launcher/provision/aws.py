@@ -59,6 +59,22 @@ class NoCredentials(LauncherError):
     pass
 
 
+def unreadable_answers(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """For commands that talk to AWS: an answer botocore cannot parse (a proxy's or a wrong
+    endpoint's HTML page; not a BotoCoreError) becomes one message, not a traceback."""
+    import functools
+
+    @functools.wraps(handler)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except ResponseParserError as err:
+            raise AwsError(f"AWS's answer could not be read ({short_reason(err)}): is "
+                           "AWS_ENDPOINT_URL or a proxy pointing somewhere else?") from err
+
+    return run
+
+
 def session(region: str | None = None) -> boto3.Session:
     return boto3.Session(region_name=region) if region else boto3.Session()
 

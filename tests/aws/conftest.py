@@ -47,7 +47,9 @@ def moto_url(tmp_path_factory):
         pytest.fail(f"{MOTO_SERVER} is missing: install the test extras (moto[server])")
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    env = {**os.environ,
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+           # The caller's AWS profile or endpoint must not reach moto's own boto3 calls.
+           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            # Real EC2 rejects unknown key pairs at RunInstances; moto does only when asked to.
            "MOTO_ENABLE_KEYPAIR_VALIDATION": "true"}
     with open(log, "w") as out:

@@ -120,7 +120,7 @@ def test_provision_two_instances_writes_inventory_tags_and_rules(two_nodes, ec2,
     assert worker.address == worker.private_address == \
         by_id[worker.extra["instance_id"]]["PrivateIpAddress"]
     assert f"-W %h:%p ubuntu@{head.address}" in worker.extra["ansible_ssh_common_args"]
-    assert "ansible_ssh_common_args" not in head.extra
+    assert "ProxyCommand" not in head.extra["ansible_ssh_common_args"]
     for node in nodes:
         inst = by_id[node.extra["instance_id"]]
         assert (node.user, node.gpus, node.python, node.instance_type) == \
