@@ -1,21 +1,24 @@
 """One public address per cluster, on the SSH lab: only the head (host0) is on a network this
 machine reaches; host1 sits on a private network behind it, as `launch provision --public-ip
-head` leaves an EC2 cluster. `launch run -i` (fabric's gateway), OpenSSH with the inventory's
-ProxyCommand (what Ansible runs for `launch setup`) and the host-key scan of `provision` all go
-through the head, and every host key is still checked."""
+head` leaves an EC2 cluster. `launch run -i` (fabric's gateway), OpenSSH and Ansible with the
+inventory's ProxyCommand (the connection `launch setup` uses), the host-key scan of `provision`
+and `launch extend` all go through the head, and every host key is still checked."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
 import pytest
 import yaml
 
+from launcher.bundled import playbooks_dir
 from launcher.inventory import load_inventory
 from launcher.lab import Lab, lab_unavailable_reason
 from launcher.provision import hostkeys
@@ -83,6 +86,21 @@ def test_openssh_uses_the_inventory_proxy_command(private_lab):
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert f"inet {node.address}/" in proc.stdout
+
+
+def test_ansible_reaches_every_host_through_the_head(private_lab):
+    """`launch setup` runs ansible-playbook with the bundled ansible.cfg on this inventory: the
+    same connection, here with an ad-hoc ping, reaches host1 only through the head."""
+    ansible = Path(sys.executable).with_name("ansible")
+    if not ansible.exists():
+        pytest.skip(f"{ansible} is missing: install ansible-core")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(playbooks_dir() / "ansible.cfg")}
+    proc = subprocess.run(
+        [str(ansible), "all", "-i", str(private_lab.inventory), "-m", "ping",
+         "-e", f"ansible_python_interpreter={sys.executable}"],
+        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count('"ping": "pong"') == 2, proc.stdout
 
 
 @pytest.mark.slow

@@ -282,7 +282,8 @@ class Stubs:
                                      expected_params={"Filters": [{"Name": "domain",
                                                                    "Values": ["vpc"]}]})
 
-    def zones_and_image(self, instance_type, zones=("us-east-1a",), reservation_lookup=True):
+    def zones_and_image(self, instance_type, zones=("us-east-1a",), reservation_lookup=True,
+                        ssm=False):
         self.ec2_stub.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
             {"InstanceType": instance_type, "LocationType": "availability-zone", "Location": z}
             for z in zones]}, expected_params={"LocationType": "availability-zone",
@@ -294,6 +295,11 @@ class Stubs:
             self.quick_stub.add_response("describe_capacity_reservations",
                                          {"CapacityReservations": []},
                                          expected_params={"Filters": ANY})
+        if ssm:
+            self.stubs[2].add_response("get_parameter", {"Parameter": {
+                "Name": "x", "Type": "String", "Value": "ami-0123456789abcdef0"}},
+                expected_params={"Name": "/aws/service/canonical/ubuntu/server/22.04/stable/"
+                                         "current/amd64/hvm/ebs-gp2/ami-id"})
         self.ec2_stub.add_response("describe_images", {"Images": [{
             "ImageId": "ami-0123456789abcdef0", "Architecture": "x86_64", "Name": "ubuntu",
             "RootDeviceName": "/dev/sda1"}]}, expected_params={
@@ -564,3 +570,24 @@ def test_cleanup_after_ctrl_c_keeps_looking_for_the_lost_launch(tmp_path):
                for s in said)
     assert "terminated i-0, i-1" in said
     assert [r["state"] for r in worker.ledger.resources] == ["deleted", "deleted"]
+
+
+def test_each_listed_region_is_tried_and_all_their_answers_named(fake_credentials, capsys):
+    """--region us-east-1,us-west-2: the first region's quota cannot fit the cluster, so the
+    second is planned; it cannot either, and the one message names both."""
+    with Stubs() as s:
+        for _ in range(2):
+            s.type_and_price(P4D)
+            s.account(vcpu_limit=96.0)
+            s.zones_and_image("p4d.24xlarge", ssm=True)
+        with pytest.raises(QuotaExceeded) as caught:
+            provision(spec_for(ami=None, fallback_regions=("us-west-2",)), dry_run=False,
+                      as_json=False, clients_for=s.clients)
+        s.done()
+    text = str(caught.value)
+    assert text.startswith("cluster demo does not fit the account's quotas in us-west-2")
+    assert "Earlier regions: us-east-1: cluster demo does not fit the account's quotas in " \
+           "us-east-1" in text
+    said = capsys.readouterr().err
+    assert said.startswith("launch: us-east-1: cluster demo does not fit")
+    assert said.rstrip().endswith("; trying us-west-2")
