@@ -28,6 +28,7 @@ COMMANDS = [
     "setup",
     "teardown",
     "status",
+    "extend",
 ]
 
 

@@ -6,6 +6,11 @@ anyone who wants to rehearse a multi-node run before paying for one. The hosts s
 machine's file system and processes; only the network is theirs (so `ip netns pids` tells
 which processes run "on" a host). `cap` limits a host's link with tc (tbf) in both
 directions, to make a communication-bound cluster.
+
+`private_workers=True` builds what `launch provision --public-ip head` makes on EC2: only the
+head (host0) is on the bridge this machine can reach; every host, the head included, is on a
+second bridge this machine has no address on. The inventory reaches the other hosts through the
+head (ProxyCommand), and the ranks talk over the private network.
 """
 
 from __future__ import annotations
@@ -56,23 +61,36 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def _free_subnet(private: bool = False) -> ipaddress.IPv4Network:
     used = _run("ip", "-o", "-4", "addr", "show").stdout
+    routes = _run("ip", "-4", "route", "show").stdout
     for _ in range(200):
-        net = ipaddress.ip_network(f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24")
-        if f" {net.network_address + 1}/" not in used and \
+        # Private networks come from another range than every lab's bridge (10.200-249.x), so
+        # a lab built beside this one never answers on a private address this machine must not
+        # reach.
+        net = ipaddress.ip_network(
+            f"172.{16 + secrets.randbelow(16)}.{secrets.randbelow(256)}.0/24" if private else
+            f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24")
+        if f" {net.network_address + 1}/" not in used and str(net) not in routes and \
                 not any(f" {net.network_address + 10 + i}/" in used for i in range(32)):
             return net
-    raise LabError("no free 10.x.y.0/24 subnet for the lab")
+    raise LabError(f"no free {'172.16-31' if private else '10.200-249'}.x.0/24 subnet for the lab")
 
 
 @dataclass
 class LabHost:
     name: str
     netns: str
-    address: str
-    veth: str            # root-namespace end, attached to the bridge
+    address: str         # where SSH reaches it (private_address when behind the head)
+    veth: str            # root-namespace end of the link the ranks use, on a bridge
     sshd_pid: int = 0
+    ifname: str = "eth0"              # that link's name inside the host
+    private_address: str | None = None  # the rank address, when not `address`
+    links: list[str] = field(default_factory=list)  # every root-side veth end, for removal
+
+    @property
+    def rank_address(self) -> str:
+        return self.private_address or self.address
 
 
 @dataclass
@@ -82,6 +100,8 @@ class Lab:
     subnet: str
     bridge: str
     hosts: list[LabHost] = field(default_factory=list)
+    private_subnet: str | None = None   # private_workers: the network behind the head
+    private_bridge: str | None = None
 
     # ---- paths -----------------------------------------------------------------------
     @property
@@ -103,7 +123,7 @@ class Lab:
     # ---- lifecycle ---------------------------------------------------------------------
     @classmethod
     def create(cls, directory: str | Path, hosts: int, cap: str | None = None,
-               python: str | None = None) -> Lab:
+               python: str | None = None, private_workers: bool = False) -> Lab:
         """Build the lab; on any failure, tear down what was made and raise."""
         reason = lab_unavailable_reason()
         if reason:
@@ -113,6 +133,9 @@ class Lab:
         lab_id = secrets.token_hex(2)
         net = _free_subnet()
         lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br")
+        if private_workers:
+            lab.private_subnet = str(_free_subnet(private=True))
+            lab.private_bridge = f"lab{lab_id}pb"
         try:
             lab._build(hosts, net, cap, python or sys.executable)
         except BaseException:
@@ -126,6 +149,11 @@ class Lab:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        private = ipaddress.ip_network(self.private_subnet) if self.private_subnet else None
+        if self.private_bridge:
+            # No address on this machine's side: it cannot reach the private network at all.
+            _run("ip", "link", "add", self.private_bridge, "type", "bridge")
+            _run("ip", "link", "set", self.private_bridge, "up")
         self.save()
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"launch-lab-{self.lab_id}",
              "-f", str(self.key))
@@ -148,31 +176,64 @@ class Lab:
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
                                              "nameserver 127.0.0.1\n")
-            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
-                 "netns", host.netns)
-            _run("ip", "link", "set", host.veth, "master", self.bridge, "up")
             ns = ("ip", "netns", "exec", host.netns)
-            _run(*ns, "ip", "addr", "add", f"{host.address}/{net.prefixlen}", "dev", "eth0")
-            _run(*ns, "ip", "link", "set", "eth0", "up")
             _run(*ns, "ip", "link", "set", "lo", "up")
-            _run(*ns, "ip", "route", "add", "default", "via", str(gateway))
+            if private is None or i == 0:
+                self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
+                _run(*ns, "ip", "route", "add", "default", "via", str(gateway))
+            if private is not None:
+                assert self.private_bridge
+                address = str(private.network_address + 10 + i)
+                link = f"lab{self.lab_id}q{i}"
+                self._link(host, link, "priv0", self.private_bridge, address, private.prefixlen)
+                host.private_address, host.ifname, host.veth = address, "priv0", link
+                if i > 0:
+                    host.address = address   # reached only through the head
             if cap:
                 self.cap(host.name, cap)
             known.append(self._start_sshd(host))
             self.save()
         self.known_hosts.write_text("".join(known))
         self._wait_for_sshd()
+        self._write_inventory(python)
+
+    def _link(self, host: LabHost, root_end: str, inside: str, bridge: str, address: str,
+              prefixlen: int) -> None:
+        _run("ip", "link", "add", root_end, "type", "veth", "peer", "name", inside,
+             "netns", host.netns)
+        host.links.append(root_end)
+        _run("ip", "link", "set", root_end, "master", bridge, "up")
+        ns = ("ip", "netns", "exec", host.netns)
+        _run(*ns, "ip", "addr", "add", f"{address}/{prefixlen}", "dev", inside)
+        _run(*ns, "ip", "link", "set", inside, "up")
+
+    def _write_inventory(self, python: str) -> None:
+        # Imported here: launcher.ssh loads fabric and paramiko, which `launch --help` and the
+        # other lab commands do not need.
+        from launcher.ssh import proxy_command, ssh_common_args
+
+        head = self.hosts[0]
+        nodes = []
+        for i, h in enumerate(self.hosts):
+            extra = {}
+            if self.private_bridge and i > 0:
+                extra["ansible_ssh_common_args"] = ssh_common_args(
+                    str(self.known_hosts),
+                    proxy_command(head.address, user="root", key_file=str(self.key),
+                                  known_hosts=str(self.known_hosts)))
+            nodes.append(Node(name=h.name, address=h.address, private_address=h.rank_address,
+                              extra=extra))
+        behind = (f"; host1.. on {self.private_subnet} behind host0 (bridge "
+                  f"{self.private_bridge})" if self.private_bridge else "")
         write_inventory(
-            self.inventory,
-            [Node(name=h.name, address=h.address, private_address=h.address) for h in self.hosts],
+            self.inventory, nodes,
             common={
                 "ansible_user": "root",
                 "ansible_ssh_private_key_file": str(self.key),
-                "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} "
-                                           "-o StrictHostKeyChecking=yes",
+                "ansible_ssh_common_args": ssh_common_args(str(self.known_hosts)),
                 # The hosts share this machine's file system: the same interpreter works.
                 "launch_python": python,
-                "launch_interface": "eth0",
+                "launch_interface": head.ifname,
                 # Run folders inside the lab folder: removing the lab removes them too.
                 "launch_run_root": str(self.dir / "node-runs"),
                 "gpus": 0,
@@ -181,7 +242,8 @@ class Lab:
                 "cpus": max(1, (os.cpu_count() or 1) // len(self.hosts)),
             },
             header=f"launch lab {self.lab_id}: {len(self.hosts)} hosts on {self.subnet} "
-                   f"(bridge {self.bridge}); remove with `launch lab down --dir {self.dir}`",
+                   f"(bridge {self.bridge}){behind}; remove with `launch lab down --dir "
+                   f"{self.dir}`",
         )
 
     def _start_sshd(self, host: LabHost) -> str:
@@ -192,7 +254,7 @@ class Lab:
         config = hdir / "sshd_config"
         config.write_text("\n".join([
             "Port 22",
-            f"ListenAddress {host.address}",
+            *(f"ListenAddress {a}" for a in dict.fromkeys([host.address, host.rank_address])),
             f"HostKey {host_key}",
             f"PidFile {hdir / 'sshd.pid'}",
             f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
@@ -218,19 +280,18 @@ class Lab:
         return f"{host.address} {public[0]} {public[1]}\n"
 
     def _wait_for_sshd(self, timeout: float = 20.0) -> None:
-        import socket
-
         deadline = time.monotonic() + timeout
         for host in self.hosts:
             while True:
-                try:
-                    with socket.create_connection((host.address, 22), timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        log = (self.dir / host.name / "sshd.log").read_text(errors="replace")
-                        raise LabError(f"sshd on lab host {host.name} did not start: {log}")
-                    time.sleep(0.1)
+                # Probed from inside the host: this machine cannot reach hosts behind the head.
+                probe = _run("ip", "netns", "exec", host.netns, "bash", "-c",
+                             f"exec 3<>/dev/tcp/{host.address}/22", check=False)
+                if probe.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    log = (self.dir / host.name / "sshd.log").read_text(errors="replace")
+                    raise LabError(f"sshd on lab host {host.name} did not start: {log}")
+                time.sleep(0.1)
 
     def save(self) -> None:
         (self.dir / "lab.json").write_text(json.dumps(asdict(self), indent=2))
@@ -255,8 +316,11 @@ class Lab:
                 _kill(host.sshd_pid)
             _run("ip", "netns", "del", host.netns, check=False)
             shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
-            _run("ip", "link", "del", host.veth, check=False)
+            for link in dict.fromkeys([host.veth, *host.links]):
+                _run("ip", "link", "del", link, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
+        if self.private_bridge:
+            _run("ip", "link", "del", self.private_bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- use ---------------------------------------------------------------------------
@@ -275,21 +339,21 @@ class Lab:
         """Token-bucket limit on both directions of the host's link."""
         host = self.host(name)
         for prefix in ((), ("ip", "netns", "exec", host.netns)):
-            dev = "eth0" if prefix else host.veth
+            dev = host.ifname if prefix else host.veth
             _run(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                  "burst", burst, "latency", latency)
 
     def uncap(self, name: str) -> None:
         host = self.host(name)
         for prefix in ((), ("ip", "netns", "exec", host.netns)):
-            dev = "eth0" if prefix else host.veth
+            dev = host.ifname if prefix else host.veth
             _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
 
     def tx_bytes(self, name: str) -> int:
         """Bytes the host has sent on its link (its eth0 counter)."""
         host = self.host(name)
         out = _run("ip", "netns", "exec", host.netns, "cat",
-                   "/sys/class/net/eth0/statistics/tx_bytes").stdout
+                   f"/sys/class/net/{host.ifname}/statistics/tx_bytes").stdout
         return int(out.strip())
 
 

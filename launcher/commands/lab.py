@@ -14,6 +14,10 @@ def register(sub) -> None:
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--dir", required=True, help="folder for keys, inventory, host state")
     up.add_argument("--cap", help="limit every host's link, e.g. 200mbit (tc tbf)")
+    up.add_argument("--private-workers", action="store_true",
+                    help="only host0 is reachable from this machine; the other hosts are on a "
+                         "private network behind it and the inventory reaches them through it "
+                         "(what `launch provision --public-ip head` makes)")
     up.set_defaults(func=lab_up)
     down = actions.add_parser("down", help="stop the hosts and remove everything the lab made")
     down.add_argument("--dir", required=True)
@@ -21,9 +25,12 @@ def register(sub) -> None:
 
 
 def lab_up(args) -> int:
-    lab = Lab.create(args.dir, args.hosts, cap=args.cap)
+    lab = Lab.create(args.dir, args.hosts, cap=args.cap, private_workers=args.private_workers)
     for host in lab.hosts:
-        print(f"{host.name}: {host.address} (netns {host.netns})")
+        behind = (f", ranks on {host.rank_address}" if host.rank_address != host.address
+                  else "")
+        via = " (through host0)" if args.private_workers and host is not lab.hosts[0] else ""
+        print(f"{host.name}: {host.address}{via} (netns {host.netns}{behind})")
     print(f"inventory: {lab.inventory}")
     print(f"try:       launch run vit-tiny-local -i {lab.inventory} "
           f"--nodes {len(lab.hosts)}")

@@ -7,7 +7,7 @@ import getpass
 import re
 
 from launcher.commands.common import aws_command
-from launcher.provision.plan import ProvisionSpec
+from launcher.provision.plan import ProvisionSpec, parse_duration
 
 
 def default_cluster() -> str:
@@ -21,15 +21,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Create (or complete: re-running creates only what is missing) a cluster of "
                     "EC2 GPU instances with EFA, a cluster placement group and a security group "
                     "of its own, then wait for it, write the inventory and run `launch setup`. "
-                    "AWS credentials and region come from the usual AWS configuration.")
+                    "Every zone that offers the type is tried before giving up; quotas are "
+                    "checked before anything is created. AWS credentials and region come from "
+                    "the usual AWS configuration.")
     p.add_argument("--instance", required=True, metavar="TYPE",
-                   help="instance type, e.g. p4d.24xlarge (see `launch catalog`)")
+                   help="instance type, e.g. p4d.24xlarge: any type EC2 describes "
+                        "(`launch catalog` lists launch's own table)")
     p.add_argument("--count", type=int, default=1, help="number of instances (default 1)")
     p.add_argument("--cluster", default=default_cluster(), metavar="NAME",
                    help="cluster name, used in tags and resource names (default: %(default)s)")
-    p.add_argument("--region", help="AWS region (default: AWS_REGION / your profile)")
+    p.add_argument("--region", metavar="REGION[,REGION...]",
+                   help="AWS region (default: AWS_REGION / your profile); several, comma "
+                        "separated, are tried in order when one has no room or no quota")
     p.add_argument("--az", metavar="ZONE",
-                   help="availability zone (default: the first that offers the type)")
+                   help="only this availability zone (default: every zone that offers the type, "
+                        "in turn, until one has room)")
     p.add_argument("--subnet", metavar="ID",
                    help="subnet to use (default: the default VPC's subnet in the zone)")
     p.add_argument("--key-name", metavar="K", help="EC2 key pair the instances accept")
@@ -40,19 +46,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="where SSH may come from (default: this machine's public address; "
                         "refused when it cannot be found)")
     p.add_argument("--ami", metavar="ID",
-                   help="image id (default: the current Ubuntu from AWS's public SSM parameter)")
+                   help="image id (default: --image from AWS's public SSM parameters)")
+    p.add_argument("--image", default="ubuntu", choices=["ubuntu", "dlami"],
+                   help="ubuntu: Canonical's current Ubuntu (setup installs everything); dlami: "
+                        "AWS Deep Learning Base OSS Nvidia Driver GPU AMI (driver, EFA, NCCL "
+                        "come with it; setup verifies and adds the Python env)")
     p.add_argument("--ubuntu", default="22.04", choices=["22.04", "24.04"],
-                   help="Ubuntu release when --ami is not given (default 22.04)")
+                   help="Ubuntu release of --image (default 22.04)")
     p.add_argument("--placement-group", action=argparse.BooleanOptionalAction, default=None,
                    help="cluster placement group (default: on when --count > 1)")
     p.add_argument("--capacity-reservation", metavar="ID",
-                   help="launch into this capacity reservation (its zone is used)")
+                   help="launch into this capacity reservation or Capacity Block for ML (its "
+                        "zone, and its placement group if it was made in one)")
     p.add_argument("--spot", action="store_true", help="spot instances (can be reclaimed)")
-    p.add_argument("--ttl", type=float, default=24.0, metavar="HOURS",
-                   help="expiry written to the tags and flagged by `launch status` "
-                        "(default 24; 0: none). Nothing is terminated automatically")
+    p.add_argument("--public-ip", default="head", choices=["head", "all", "none"],
+                   help="head (default): only the head node gets a public address, the others "
+                        "are reached through it; all: every node; none: private addresses only "
+                        "(VPN, or --jump)")
+    p.add_argument("--jump", metavar="[USER@]HOST[:PORT]",
+                   help="reach every node through this SSH host (a bastion; its key must be in "
+                        "~/.ssh/known_hosts)")
+    p.add_argument("--ttl", default="24", metavar="DURATION",
+                   help="lifetime: 8h, 90m, 2d or hours (default 24; 0: none). The nodes power "
+                        "off and terminate themselves at the expiry, even if launch never runs "
+                        "again; `launch extend` moves it")
     p.add_argument("--disk-gb", type=int, default=200,
                    help="root volume size in GB (default 200: driver, CUDA, torch, data)")
+    p.add_argument("--encrypt-root", action=argparse.BooleanOptionalAction, default=True,
+                   help="encrypt the root volume with the account's default EBS key (default on)")
+    p.add_argument("--instance-profile", metavar="NAME",
+                   help="IAM instance profile for the nodes (e.g. S3 access for checkpoints)")
     p.add_argument("--inventory", metavar="PATH",
                    help="where to write the inventory (default: "
                         "$LAUNCH_HOME/clusters/NAME/inventory.yml)")
@@ -73,13 +96,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from launcher.provision.create import provision
 
+    regions = [r.strip() for r in (args.region or "").split(",") if r.strip()]
     spec = ProvisionSpec(
-        cluster=args.cluster, instance_type=args.instance, count=args.count, region=args.region,
+        cluster=args.cluster, instance_type=args.instance, count=args.count,
+        region=regions[0] if regions else None, fallback_regions=tuple(regions[1:]),
         key_name=args.key_name, key_file=args.key_file, ssh_user=args.ssh_user,
-        ssh_cidr=args.ssh_cidr, ami=args.ami, ubuntu=args.ubuntu, az=args.az,
+        ssh_cidr=args.ssh_cidr, ami=args.ami, image=args.image, ubuntu=args.ubuntu, az=args.az,
         subnet=args.subnet, placement_group=args.placement_group,
-        capacity_reservation=args.capacity_reservation, spot=args.spot, ttl_hours=args.ttl,
-        disk_gb=args.disk_gb, inventory=args.inventory, skip_setup=args.skip_setup,
-        wait_ssh=args.wait_ssh, keep_on_failure=args.keep_on_failure,
+        capacity_reservation=args.capacity_reservation, spot=args.spot,
+        public_ip=args.public_ip, jump=args.jump, ttl_hours=parse_duration(args.ttl),
+        disk_gb=args.disk_gb, encrypt_root=args.encrypt_root,
+        instance_profile=args.instance_profile, inventory=args.inventory,
+        skip_setup=args.skip_setup, wait_ssh=args.wait_ssh,
+        keep_on_failure=args.keep_on_failure,
     )
-    return provision(spec, dry_run=args.dry_run, as_json=args.json)
+    from launcher.provision.aws import unreadable_answers
+
+    return unreadable_answers(provision)(spec, dry_run=args.dry_run, as_json=args.json)

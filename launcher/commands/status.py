@@ -9,7 +9,7 @@ from launcher.commands.common import aws_command
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "status", help="clusters launch made: nodes, uptime, cost so far, expired ones",
+        "status", help="clusters launch made: nodes, uptime, cost so far, time left",
         description="Lists clusters from the ledger ($LAUNCH_HOME) and, with AWS credentials, "
                     "instances tagged by launch in the region (also ones no ledger here knows).")
     p.add_argument("--region", help="AWS region to ask (default: your AWS configuration)")
@@ -20,6 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
+    from launcher.provision.aws import unreadable_answers
+
+    return unreadable_answers(_run)(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from launcher.provision.status import status
 
     return status(args.region, as_json=args.json, show_all=args.all)

@@ -8,11 +8,13 @@ nothing secret passes through our code or our messages.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from launcher.errors import LauncherError
 from launcher.provision.plan import CLUSTER_TAG, CREATED_BY_TAG
@@ -24,6 +26,10 @@ CAPACITY_CODES = {
     "InsufficientReservedInstanceCapacity", "ReservationCapacityExceeded",
     "InsufficientCapacityOnOutpost", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
 }
+# What moves a launch on to the next zone: no capacity there, or the type not offered there
+# ("Unsupported: Your requested instance type (...) is not supported in your requested
+# Availability Zone (...)").
+ZONE_CODES = CAPACITY_CODES | {"Unsupported"}
 # Account quotas, not momentary capacity: only a quota increase (or fewer vCPUs) helps.
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "AddressLimitExceeded"}
 
@@ -37,12 +43,36 @@ NOT_YET_VISIBLE = {
 STILL_IN_USE = {"DependencyViolation", "InvalidPlacementGroup.InUse", "InvalidIPAddress.InUse"}
 
 
+# What an optional look-up may meet: AWS's refusal, a network or configuration failure, or an
+# answer botocore cannot parse (an endpoint that does not serve the API answers with an HTML
+# error page; ResponseParserError is not a BotoCoreError).
+LOOKUP_ERRORS = (ClientError, BotoCoreError, ResponseParserError)
+# An optional look-up also survives an answer that lacks what it should hold.
+OPTIONAL_ERRORS = (*LOOKUP_ERRORS, KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
 class AwsError(LauncherError):
     """An AWS call failed; the message names the call, the resource and what to do."""
 
 
 class NoCredentials(LauncherError):
     pass
+
+
+def unreadable_answers(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """For commands that talk to AWS: an answer botocore cannot parse (a proxy's or a wrong
+    endpoint's HTML page; not a BotoCoreError) becomes one message, not a traceback."""
+    import functools
+
+    @functools.wraps(handler)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except ResponseParserError as err:
+            raise AwsError(f"AWS's answer could not be read ({short_reason(err)}): is "
+                           "AWS_ENDPOINT_URL or a proxy pointing somewhere else?") from err
+
+    return run
 
 
 def session(region: str | None = None) -> boto3.Session:
@@ -65,10 +95,13 @@ def require_region(sess: boto3.Session) -> str:
     return sess.region_name
 
 
-def client(sess: boto3.Session, service: str, *, quick: bool = False) -> Any:
-    """A client; `quick` ones give up fast (optional look-ups that must never stall a command)."""
-    if quick:
-        config = Config(connect_timeout=3, read_timeout=10, retries={"max_attempts": 2})
+def client(sess: boto3.Session, service: str, *, quick: bool = False,
+           optional: bool = False) -> Any:
+    """A client; `quick` ones give up fast (look-ups that must never stall a command);
+    `optional` ones try once (a failure only turns a quota or price into "unknown")."""
+    if quick or optional:
+        config = Config(connect_timeout=3, read_timeout=10,
+                        retries={"max_attempts": 1 if optional else 2})
     elif sess._session.get_config_variable("max_attempts") is None:
         # Throttling (RequestLimitExceeded) on busy accounts: more attempts than boto3's default 3;
         # standard mode backs off exponentially with jitter, as AWS documents for EC2.
@@ -76,6 +109,32 @@ def client(sess: boto3.Session, service: str, *, quick: bool = False) -> Any:
     else:
         config = None  # the user configured retries (AWS_MAX_ATTEMPTS or profile): theirs win
     return sess.client(service, config=config)
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The clients one region's provisioning uses. `quick` ones serve optional look-ups
+    (reservations, quotas, prices) that must never stall or stop a command."""
+
+    ec2: Any
+    ssm: Any
+    ec2_quick: Any
+    quotas: Any
+    pricing: Any
+
+
+def clients(sess: boto3.Session) -> Clients:
+    from launcher.provision.prices import PRICING_REGION  # prices imports this module
+
+    return Clients(
+        ec2=client(sess, "ec2"), ssm=client(sess, "ssm"),
+        ec2_quick=client(sess, "ec2", optional=True),
+        quotas=client(sess, "service-quotas", optional=True),
+        # The Price List query API is served from a few regions only; it answers for all.
+        pricing=sess.client("pricing", region_name=PRICING_REGION,
+                            config=Config(connect_timeout=3, read_timeout=10,
+                                          retries={"max_attempts": 1})),
+    )
 
 
 def error_code(err: BaseException) -> str:
@@ -88,6 +147,15 @@ def error_message(err: BaseException) -> str:
     if isinstance(err, ClientError):
         return str(err.response.get("Error", {}).get("Message", "")) or str(err)
     return str(err)
+
+
+def short_reason(err: BaseException) -> str:
+    """One short line for a failed optional look-up (some endpoints answer with a whole HTML
+    page)."""
+    code = error_code(err)
+    text = error_message(err).strip().splitlines()
+    detail = text[0][:120] if text else ""
+    return f"{type(err).__name__}: {code + ' ' if code else ''}{detail}".strip()
 
 
 def is_dry_run_success(err: BaseException) -> bool:

@@ -10,9 +10,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from launcher.provision import aws
-from launcher.provision.plan import (
-    ProvisionPlan, allocate_address_request, node_name, placement_group_request, rule_requests,
-    run_instances_request, security_group_request,
+from launcher.provision.plan import ProvisionPlan, node_name
+from launcher.provision.requests import (
+    allocate_address_request, placement_group_request, rule_requests, run_instances_request,
+    security_group_request,
 )
 from launcher.provision.resources import ClusterResources
 
@@ -31,6 +32,8 @@ def send_dry_run(call: Any, operation: str, what: str, **params: Any) -> Check:
         if aws.is_dry_run_success(err):
             return Check(operation, True, f"would succeed ({what})")
         return Check(operation, False, aws.explain(err, operation, what))
+    except aws.LOOKUP_ERRORS as err:
+        return Check(operation, False, f"{what}: no usable answer ({type(err).__name__})")
     # A DryRun call that returns normally did not honour DryRun: say so rather than hide it.
     return Check(operation, False, f"{what}: the endpoint answered without DryRunOperation")
 
@@ -51,7 +54,9 @@ def check_calls(ec2: Any, plan: ProvisionPlan, existing: ClusterResources,
         for direction, body in rule_requests(plan, group_id):
             check(getattr(ec2, f"authorize_security_group_{direction}"),
                   f"AuthorizeSecurityGroup{direction.capitalize()}", f"rule on {group_id}", **body)
-    pg_exists = plan.placement_group in existing.placement_groups
+    # The reservation's own group exists already; launch's are made per zone, when needed.
+    pg_exists = plan.placement_group in existing.placement_groups or \
+        not plan.owns_placement_group
     if plan.placement_group and not pg_exists:
         check(ec2.create_placement_group, "CreatePlacementGroup",
               f"placement group {plan.placement_group}", **placement_group_request(plan))
@@ -67,7 +72,9 @@ def check_calls(ec2: Any, plan: ProvisionPlan, existing: ClusterResources,
         del request["ClientToken"]
         check(ec2.run_instances, "RunInstances",
               f"{count} x {plan.instance.instance_type} in {plan.site.az}", **request)
-    if plan.elastic_ips:
-        check(ec2.allocate_address, "AllocateAddress", "an Elastic IP per instance",
+    if plan.elastic_ip_nodes:
+        check(ec2.allocate_address, "AllocateAddress",
+              "an Elastic IP for the head" if plan.elastic_ip_nodes == (0,)
+              else "an Elastic IP per instance",
               **allocate_address_request(plan, node_name(plan.cluster, 0)))
     return checks

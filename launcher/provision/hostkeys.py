@@ -7,6 +7,7 @@ is not there yet, the key seen over SSH is recorded and the summary says it was 
 
 from __future__ import annotations
 
+import base64
 import logging
 import socket
 import time
@@ -42,9 +43,52 @@ class HostKey:
     verified: bool    # listed in the console output
 
 
-def scan(host: str, port: int = 22, timeout: float = 10.0) -> str:
-    """The host key an SSH server offers, as "<type> <base64>"."""
-    sock = socket.create_connection((host, port), timeout=timeout)
+class Tunnel:
+    """An SSH connection to a jump host (the head, or --jump) that reaches the hosts behind it.
+
+    The jump host's own key must already be trusted (`known`: "<type> <base64>" lines for it):
+    a tunnel through an unverified host would make every key scanned through it worthless.
+    """
+
+    def __init__(self, host: str, port: int, user: str | None, key_file: str | None,
+                 known: list[str], timeout: float = 10.0):
+        self.host, self.port, self.user, self.key_file = host, port, user, key_file
+        self.known, self.timeout = known, timeout
+        self.client: paramiko.SSHClient | None = None
+
+    def _connect(self) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        name = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+        for line in self.known:
+            kind, blob = line.split()[:2]
+            client.get_host_keys().add(name, kind, paramiko.PKey.from_type_string(
+                kind, base64.b64decode(blob)))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(self.host, port=self.port, username=self.user,
+                       key_filename=self.key_file, look_for_keys=False, allow_agent=False,
+                       timeout=self.timeout, banner_timeout=self.timeout,
+                       auth_timeout=self.timeout)
+        return client
+
+    def open(self, host: str, port: int) -> paramiko.Channel:
+        if self.client is None or not self.client.get_transport() \
+                or not self.client.get_transport().is_active():
+            self.client = self._connect()
+        transport = self.client.get_transport()
+        assert transport is not None
+        return transport.open_channel("direct-tcpip", (host, port), ("", 0),
+                                      timeout=self.timeout)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def scan(host: str, port: int = 22, timeout: float = 10.0, tunnel: Tunnel | None = None) -> str:
+    """The host key an SSH server offers, as "<type> <base64>" (through `tunnel` if given)."""
+    sock = tunnel.open(host, port) if tunnel else socket.create_connection((host, port),
+                                                                           timeout=timeout)
     transport = paramiko.Transport(sock)
     try:
         transport.banner_timeout = timeout
@@ -56,8 +100,10 @@ def scan(host: str, port: int = 22, timeout: float = 10.0) -> str:
 
 
 def wait_for_ssh(hosts: list[str], *, port: int = 22, timeout: float = 600.0,
-                 delay: float = 5.0, sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
-    """Scanned host key per host, once every host answers; SshWaitError naming those that don't."""
+                 delay: float = 5.0, sleep: Callable[[float], None] = time.sleep,
+                 tunnel: Tunnel | None = None) -> dict[str, str]:
+    """Scanned host key per host, once every host answers; SshWaitError naming those that don't.
+    With `tunnel`, the hosts are reached through it (their private addresses)."""
     deadline = time.monotonic() + timeout
     keys: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -66,8 +112,12 @@ def wait_for_ssh(hosts: list[str], *, port: int = 22, timeout: float = 600.0,
             if host in keys:
                 continue
             try:
-                keys[host] = scan(host, port, timeout=min(10.0, timeout))
+                keys[host] = scan(host, port, timeout=min(10.0, timeout), tunnel=tunnel)
                 errors.pop(host, None)
+            except paramiko.BadHostKeyException as err:
+                raise HostKeyMismatch(
+                    f"jump host {err.hostname} offered a host key other than the one recorded "
+                    "for it: something may be intercepting SSH; nothing was recorded") from None
             except (OSError, paramiko.SSHException, EOFError) as err:
                 errors[host] = str(err) or type(err).__name__
         if len(keys) == len(hosts):
@@ -75,9 +125,10 @@ def wait_for_ssh(hosts: list[str], *, port: int = 22, timeout: float = 600.0,
         if time.monotonic() + delay > deadline:
             missing = ", ".join(f"{h} ({errors.get(h, 'no answer')})" for h in hosts
                                 if h not in keys)
+            via = f" through {tunnel.host}" if tunnel else ""
             raise SshWaitError(
-                f"SSH did not answer within {timeout:.0f} s on {missing}. Check that --ssh-cidr "
-                "covers this machine's address and that nothing between blocks port 22"
+                f"SSH did not answer within {timeout:.0f} s on {missing}{via}. Check that "
+                "--ssh-cidr covers this machine's address and that nothing between blocks port 22"
             )
         sleep(delay)
 

@@ -1,22 +1,27 @@
 """Pure provisioning plan: what `launch provision` will create, computed without the network.
 
-`plan_provision(spec, site, facts, now)` turns the user's request (ProvisionSpec), what AWS said
-about the account (SiteFacts, looked up by resolve.py) and the catalog row into a ProvisionPlan.
-`--dry-run` prints that plan; a real run hands it to provision.py. The EC2 request bodies are built
-here too, so tests can compare them to exact values and botocore's Stubber can check them against
-the EC2 API model.
+`plan_provision(spec, site, facts, now, account)` turns the user's request (ProvisionSpec), what
+AWS said about the region (SiteFacts, looked up by resolve.py), the instance facts and the
+account's quotas (AccountFacts) into a ProvisionPlan. `--dry-run` prints that plan
+(render.py); a real run hands it to provisioner.py, which builds its EC2 request bodies with
+requests.py. Nothing here touches the network, the disk or the clock.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from launcher.catalog import PRICE_REGION, InstanceFacts
+from launcher.catalog import InstanceFacts, Price
 from launcher.errors import LauncherError
+from launcher.provision import interfaces as nics
+from launcher.provision import quotas, reservations, ttl
+from launcher.provision.interfaces import NetworkInterface
+from launcher.provision.quotas import AccountFacts, QuotaCheck
+from launcher.provision.reservations import Reservation
 
 CLUSTER_TAG = "launch:cluster"
 CREATED_BY_TAG = "created-by"
@@ -30,10 +35,19 @@ NODE_PYTHON = "/opt/launch/venv/bin/python"
 UBUNTU_RELEASES = {"22.04": "ebs-gp2", "24.04": "ebs-gp3"}
 SSM_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 
+PUBLIC_IP_MODES = ("head", "all", "none")
+IMAGES = ("ubuntu", "dlami")
+
 _CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+_JUMP = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
+                   r"(?::(?P<port>\d{1,5}))?$")
 
 
 class ProvisionSpecError(LauncherError):
+    pass
+
+
+class QuotaExceeded(LauncherError):
     pass
 
 
@@ -45,45 +59,63 @@ class ProvisionSpec:
     instance_type: str
     count: int = 1
     region: str | None = None
+    fallback_regions: tuple[str, ...] = ()   # --region a,b,c: tried in order after `region`
     key_name: str | None = None
     key_file: str | None = None
     ssh_user: str = "ubuntu"
     ssh_cidr: str | None = None
     ami: str | None = None
+    image: str = "ubuntu"                    # ubuntu | dlami (when --ami is not given)
     ubuntu: str = "22.04"
     az: str | None = None
     subnet: str | None = None
-    placement_group: bool | None = None   # None: on when count > 1
+    placement_group: bool | None = None      # None: on when count > 1
     capacity_reservation: str | None = None
     spot: bool = False
-    ttl_hours: float = 24.0               # 0: no expiry
+    public_ip: str = "head"                  # head | all | none
+    jump: str | None = None                  # [user@]host[:port] every node is reached through
+    ttl_hours: float = 24.0                  # 0: no expiry
     disk_gb: int = 200
-    inventory: str | None = None         # the command fills in the cluster's own folder
+    encrypt_root: bool = True
+    instance_profile: str | None = None
+    inventory: str | None = None             # the command fills in the cluster's own folder
     skip_setup: bool = False
     wait_ssh: bool = True
     keep_on_failure: bool = False
 
 
 @dataclass(frozen=True)
-class SiteFacts:
-    """What the account and the network said; placeholders where nothing could be asked."""
-
-    region: str
+class Zone:
     az: str
     subnet_id: str
     vpc_id: str
+
+
+@dataclass(frozen=True)
+class SiteFacts:
+    """What the region and the network said; placeholders where nothing could be asked."""
+
+    region: str
+    zones: tuple[Zone, ...]          # tried in this order; the first is the plan's zone
     ami_id: str
     ami_description: str
     root_device: str
     ssh_cidr: str
-    unresolved: tuple[str, ...] = ()    # why a value above is a placeholder
+    zone_order: str = ""             # why the zones come in this order
+    reservation: Reservation | None = None
+    unresolved: tuple[str, ...] = ()  # why a value above is a placeholder
 
+    @property
+    def az(self) -> str:
+        return self.zones[0].az
 
-@dataclass(frozen=True)
-class NetworkInterface:
-    card: int
-    device: int
-    efa: bool
+    @property
+    def subnet_id(self) -> str:
+        return self.zones[0].subnet_id
+
+    @property
+    def vpc_id(self) -> str:
+        return self.zones[0].vpc_id
 
 
 @dataclass(frozen=True)
@@ -102,33 +134,79 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class JumpHost:
+    host: str
+    port: int = 22
+    user: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.host}" \
+               f"{':' + str(self.port) if self.port != 22 else ''}"
+
+
+@dataclass(frozen=True)
 class ProvisionPlan:
     cluster: str
-    site: SiteFacts                   # region, zone, subnet, image, SSH CIDR
+    site: SiteFacts
     instance: InstanceFacts
     count: int
+    existing: int                     # instances of the cluster alive when planned
     disk_gb: int
+    encrypt_root: bool
     key_name: str | None
     key_file: str | None
     ssh_user: str
-    market: str                       # on-demand | spot
-    capacity_reservation: str | None
-    placement_group: str | None
+    market: str                       # on-demand | spot | capacity-block
+    reservation: Reservation | None
+    placement_group: str | None       # for the plan's zone (zones[0])
+    owns_placement_group: bool        # False: the reservation's group, never created or deleted
     interfaces: tuple[NetworkInterface, ...]
-    elastic_ips: bool
+    public_ip: str                    # head | all | none
+    elastic_ip_nodes: tuple[int, ...]  # node indices that get an Elastic IP
+    auto_public_ip: bool | None       # single interface: EC2's own public address or not
+    jump: JumpHost | None
+    image: str                        # "ubuntu", "dlami" or "ami" (--ami)
+    instance_profile: str | None
     security_group: str
     rules: tuple[Rule, ...]
     tags: dict[str, str]
     created_at: str
     expires_at: str | None
-    cost_per_hour: float
+    user_data: str | None             # the node-side TTL timer
+    price: Price | None
+    cost_per_hour: float | None
+    quotas: tuple[QuotaCheck, ...]
     inventory: str
     steps: tuple[str, ...]
     warnings: tuple[str, ...] = ()
 
+    @property
+    def missing(self) -> int:
+        return max(self.count - self.existing, 0)
+
+    @property
+    def public_nodes(self) -> tuple[int, ...]:
+        """Node indices reachable at a public address."""
+        if self.public_ip == "all":
+            return tuple(range(self.count))
+        return (0,) if self.public_ip == "head" else ()
+
+    @property
+    def refusals(self) -> tuple[QuotaCheck, ...]:
+        return tuple(q for q in self.quotas if q.status == "short")
+
+    def in_zone(self, zone: Zone) -> "ProvisionPlan":
+        """The same plan placed in another of its zones (a placement group binds to a zone)."""
+        group = self.placement_group
+        if self.owns_placement_group and group:
+            group = placement_group_name(self.cluster, zone.az)
+        return replace(self, site=replace(self.site, zones=(zone,)), placement_group=group)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["instance"] = self.instance.to_json()
+        data["site"]["az"] = self.site.az
+        data["jump"] = str(self.jump) if self.jump else None
         return data
 
 
@@ -138,6 +216,16 @@ def iso(moment: datetime) -> str:
 
 def parse_iso(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def parse_duration(text: str) -> float:
+    """'8h', '90m', '2d' or a bare number of hours -> hours."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhd]?)\s*", str(text))
+    if not match:
+        raise ProvisionSpecError(
+            f"--ttl {text!r} is not a duration: use hours (8), or 90m, 8h, 2d; 0 for no expiry")
+    value = float(match.group(1))
+    return value * {"m": 1 / 60, "h": 1.0, "d": 24.0, "": 1.0}[match.group(2)]
 
 
 def validate_cluster_name(name: str) -> str:
@@ -161,6 +249,17 @@ def normalize_cidr(text: str) -> str:
     return str(net)
 
 
+def parse_jump(text: str) -> JumpHost:
+    match = _JUMP.match(text.strip())
+    if not match or not match.group("host") or match.group("host").startswith("-"):
+        raise ProvisionSpecError(f"--jump {text!r} is not [user@]host[:port] "
+                                 "(example: ec2-user@bastion.example.com)")
+    port = int(match.group("port") or 22)
+    if not 0 < port < 65536:
+        raise ProvisionSpecError(f"--jump {text!r}: port {port} is not a TCP port")
+    return JumpHost(match.group("host"), port, match.group("user"))
+
+
 def validate_spec(spec: ProvisionSpec) -> None:
     validate_cluster_name(spec.cluster)
     if spec.count < 1:
@@ -181,11 +280,30 @@ def validate_spec(spec: ProvisionSpec) -> None:
         raise ProvisionSpecError(
             f"--ubuntu {spec.ubuntu} is not supported; choose one of {', '.join(UBUNTU_RELEASES)}"
         )
+    if spec.image not in IMAGES:
+        raise ProvisionSpecError(f"--image {spec.image} is not known; choose one of "
+                                 f"{', '.join(IMAGES)} (or pass --ami ID)")
+    if spec.ami and spec.image != "ubuntu":
+        raise ProvisionSpecError(f"--ami and --image {spec.image} exclude each other: --ami "
+                                 "names the image itself; drop one of them")
     if spec.placement_group and spec.count == 1:
         raise ProvisionSpecError(
             "--placement-group needs --count of 2 or more: a cluster placement group only "
             "matters between instances"
         )
+    if spec.public_ip not in PUBLIC_IP_MODES:
+        raise ProvisionSpecError(f"--public-ip {spec.public_ip} is not one of "
+                                 f"{', '.join(PUBLIC_IP_MODES)}")
+    if spec.jump:
+        parse_jump(spec.jump)
+    if spec.fallback_regions:
+        pinned = [flag for flag, value in (("--az", spec.az), ("--subnet", spec.subnet),
+                                           ("--capacity-reservation", spec.capacity_reservation),
+                                           ("--ami", spec.ami)) if value]
+        if pinned:
+            raise ProvisionSpecError(
+                f"{', '.join(pinned)} belong(s) to one region, but --region lists several; pass "
+                "a single --region")
 
 
 def ubuntu_ssm_parameter(release: str, architecture: str) -> str:
@@ -193,17 +311,22 @@ def ubuntu_ssm_parameter(release: str, architecture: str) -> str:
             f"{SSM_ARCH[architecture]}/hvm/{UBUNTU_RELEASES[release]}/ami-id")
 
 
-def network_interfaces(facts: InstanceFacts) -> tuple[NetworkInterface, ...]:
-    """One EFA interface per network card up to the type's EFA limit; card 0 is the primary.
+def dlami_ssm_parameter(release: str, architecture: str) -> str:
+    """AWS Deep Learning Base OSS Nvidia Driver GPU AMI: driver, CUDA, EFA and NCCL installed."""
+    return (f"/aws/service/deeplearning/ami/{architecture}/base-oss-nvidia-driver-gpu-ubuntu-"
+            f"{release}/latest/ami-id")
 
-    AWS requires device index 0 on card 0 and device index 1 for the interface on every other
-    card. Types without EFA get the ordinary single interface.
-    """
-    if not facts.efa_supported:
-        return (NetworkInterface(card=0, device=0, efa=False),)
-    cards = min(facts.network_cards, facts.efa_max_interfaces)
-    return tuple(NetworkInterface(card=c, device=0 if c == 0 else 1, efa=True)
-                 for c in range(cards))
+
+def image_parameter(spec: ProvisionSpec, architecture: str) -> str:
+    if spec.image == "dlami":
+        return dlami_ssm_parameter(spec.ubuntu, architecture)
+    return ubuntu_ssm_parameter(spec.ubuntu, architecture)
+
+
+def placement_group_name(cluster: str, az: str) -> str:
+    # One group per zone: a cluster placement group binds to the zone of its first instance,
+    # so failing over to another zone needs a group of its own.
+    return f"launch-{cluster}-{'<zone>' if az.startswith('<') else az}"
 
 
 def security_rules(ssh_cidr: str) -> tuple[Rule, ...]:
@@ -224,224 +347,161 @@ def resource_tags(cluster: str, created_at: str, expires_at: str | None) -> dict
     }
 
 
-def plan_provision(spec: ProvisionSpec, site: SiteFacts, facts: InstanceFacts,
-                   now: datetime) -> ProvisionPlan:
+def public_addressing(mode: str, count: int,
+                      interfaces: tuple[NetworkInterface, ...]) -> tuple[tuple[int, ...],
+                                                                          bool | None]:
+    """(nodes that get an Elastic IP, AssociatePublicIpAddress for single-interface types).
+
+    EC2 gives no automatic public address to an instance with several interfaces, and one
+    RunInstances call cannot give it to only one of its instances: `head` therefore launches
+    every node without one and gives the head an Elastic IP.
+    """
+    single = len(interfaces) == 1
+    if mode == "all":
+        return (() if single else tuple(range(count))), (True if single else None)
+    if mode == "head":
+        return (0,), (False if single else None)
+    return (), (False if single else None)
+
+
+def plan_provision(spec: ProvisionSpec, site: SiteFacts, facts: InstanceFacts, now: datetime,
+                   account: AccountFacts | None = None) -> ProvisionPlan:
     """The whole plan. `now` is the cluster's creation time (kept from the ledger on re-runs)."""
     validate_spec(spec)
-    interfaces = network_interfaces(facts)
-    use_pg = spec.count > 1 if spec.placement_group is None else spec.placement_group
+    existing = account.existing_instances if account else 0
+    missing = max(spec.count - existing, 0)
+    res = site.reservation
+    if res is not None:
+        reservations.check(res, instance_type=facts.instance_type, missing=missing, now=now,
+                           az=spec.az, subnet=spec.subnet,
+                           subnet_az=site.az if spec.subnet else None,
+                           placement_group=spec.placement_group)
+    layout = nics.layout(facts)
+    if res is not None:
+        group, owned = res.placement_group, False
+    else:
+        use_pg = spec.count > 1 if spec.placement_group is None else spec.placement_group
+        group, owned = (placement_group_name(spec.cluster, site.az) if use_pg else None), use_pg
+    eip_nodes, auto_public = public_addressing(spec.public_ip, spec.count, layout)
+    market = ("capacity-block" if res is not None and res.capacity_block
+              else "spot" if spec.spot else "on-demand")
     created = iso(now)
     expires = iso(now + timedelta(hours=spec.ttl_hours)) if spec.ttl_hours else None
-    warnings: list[str] = []
-    if site.ssh_cidr in ("0.0.0.0/0", "::/0"):
-        warnings.append(f"SSH is open to the whole internet ({site.ssh_cidr}), as --ssh-cidr asked")
-    if spec.count > 1 and not use_pg:
-        warnings.append("no cluster placement group: nodes may land far apart and NCCL between "
-                        "them will be slower")
-    if len(interfaces) > 1:
-        warnings.append(
-            f"each instance gets {len(interfaces)} network interfaces, and EC2 gives no automatic "
-            "public IPv4 address to such instances: launch allocates one Elastic IP per instance "
-            "(the default quota is 5 per region)"
-        )
-    if spec.spot:
-        warnings.append("spot instances can be reclaimed with two minutes' notice; the cost shown "
-                        "is the on-demand ceiling")
-    if not spec.key_name:
-        warnings.append("no --key-name: the instances get no SSH key pair, so nothing can log in "
-                        "unless the AMI provides another way")
+    jump = parse_jump(spec.jump) if spec.jump else None
+    checks = quotas.checks(
+        instance_type=facts.instance_type, vcpus_per_instance=facts.vcpus, missing=missing,
+        market=market, eips_needed=len(eip_nodes), account=account, region=site.region,
+        reserved=res is not None)
+    price = facts.price
+    warnings = _warnings(spec, site, facts, layout, group, market, expires, res, checks, jump)
     inventory = spec.inventory or "inventory.yml"
-    steps = ["wait until every instance is running and passes its status checks"]
-    if len(interfaces) > 1:
-        steps.append("allocate and associate one Elastic IP per instance")
-    if spec.wait_ssh:
-        steps.append("wait for SSH and record the host keys")
-    steps.append(f"write the inventory {inventory}")
-    steps.append("skip `launch setup` (--skip-setup)" if spec.skip_setup
-                 else "run `launch setup` on every node")
     return ProvisionPlan(
         cluster=spec.cluster,
         site=site,
         instance=facts,
         count=spec.count,
+        existing=existing,
         disk_gb=spec.disk_gb,
+        encrypt_root=spec.encrypt_root,
         key_name=spec.key_name,
         key_file=spec.key_file,
         ssh_user=spec.ssh_user,
-        market="spot" if spec.spot else "on-demand",
-        capacity_reservation=spec.capacity_reservation,
-        placement_group=f"launch-{spec.cluster}" if use_pg else None,
-        interfaces=interfaces,
-        elastic_ips=len(interfaces) > 1,
+        market=market,
+        reservation=res,
+        placement_group=group,
+        owns_placement_group=owned,
+        interfaces=layout,
+        public_ip=spec.public_ip,
+        elastic_ip_nodes=eip_nodes,
+        auto_public_ip=auto_public,
+        jump=jump,
+        image="ami" if spec.ami else spec.image,
+        instance_profile=spec.instance_profile,
         security_group=f"launch-{spec.cluster}",
         rules=security_rules(site.ssh_cidr),
         tags=resource_tags(spec.cluster, created, expires),
         created_at=created,
         expires_at=expires,
-        cost_per_hour=round(facts.price_per_hour * spec.count, 4),
+        user_data=ttl.user_data(expires) if expires else None,
+        price=price,
+        cost_per_hour=round(price.usd_per_hour * spec.count, 4) if price else None,
+        quotas=checks,
         inventory=inventory,
-        steps=tuple(steps),
+        steps=_steps(spec, eip_nodes, inventory),
         warnings=tuple(warnings),
     )
 
 
-# ---- EC2 request bodies -------------------------------------------------------------------
-
-def tag_specifications(plan: ProvisionPlan, *resource_types: str,
-                       name: str | None = None) -> list[dict[str, Any]]:
-    tags = [{"Key": k, "Value": v} for k, v in plan.tags.items()]
-    if name:
-        tags.append({"Key": "Name", "Value": name})
-    return [{"ResourceType": rt, "Tags": tags} for rt in resource_types]
-
-
-def security_group_request(plan: ProvisionPlan) -> dict[str, Any]:
-    return {
-        "GroupName": plan.security_group,
-        "Description": f"launch cluster {plan.cluster}: nodes talk freely, SSH from "
-                       f"{plan.site.ssh_cidr}",
-        "VpcId": plan.site.vpc_id,
-        "TagSpecifications": tag_specifications(plan, "security-group", name=plan.security_group),
-    }
-
-
-def _permission(rule: Rule, group_id: str) -> dict[str, Any]:
-    perm: dict[str, Any] = {"IpProtocol": rule.protocol}
-    if rule.port is not None:
-        perm["FromPort"] = perm["ToPort"] = rule.port
-    if rule.peer == "self":
-        perm["UserIdGroupPairs"] = [{"GroupId": group_id, "Description": rule.why}]
-    elif ":" in rule.peer:
-        perm["Ipv6Ranges"] = [{"CidrIpv6": rule.peer, "Description": rule.why}]
+def _steps(spec: ProvisionSpec, eip_nodes: tuple[int, ...], inventory: str) -> tuple[str, ...]:
+    steps = ["wait until every instance is running and passes its status checks"]
+    if eip_nodes:
+        steps.append("allocate and associate an Elastic IP for " +
+                     ("the head node" if eip_nodes == (0,) else "every node"))
+    if spec.wait_ssh:
+        steps.append("wait for SSH and record the host keys" +
+                     (" (the other nodes through the head)" if spec.public_ip == "head"
+                      and spec.count > 1 else ""))
+    steps.append(f"write the inventory {inventory}")
+    if spec.skip_setup:
+        steps.append("skip `launch setup` (--skip-setup)")
+    elif spec.image == "dlami":
+        steps.append("run `launch setup --tags python_env,node_facts` (the image brings the "
+                     "driver, EFA and NCCL; node facts record what it has)")
     else:
-        perm["IpRanges"] = [{"CidrIp": rule.peer, "Description": rule.why}]
-    return perm
+        steps.append("run `launch setup` on every node")
+    return tuple(steps)
 
 
-def rule_requests(plan: ProvisionPlan, group_id: str) -> list[tuple[str, dict[str, Any]]]:
-    """(direction, AuthorizeSecurityGroupIngress/Egress body) with one permission each."""
-    return [(rule.direction, {"GroupId": group_id, "IpPermissions": [_permission(rule, group_id)]})
-            for rule in plan.rules]
+def _warnings(spec: ProvisionSpec, site: SiteFacts, facts: InstanceFacts,
+              layout: tuple[NetworkInterface, ...], group: str | None, market: str,
+              expires: str | None, res: Reservation | None, checks: tuple[QuotaCheck, ...],
+              jump: JumpHost | None) -> list[str]:
+    warnings: list[str] = []
+    if site.ssh_cidr in ("0.0.0.0/0", "::/0"):
+        warnings.append(f"SSH is open to the whole internet ({site.ssh_cidr}), as --ssh-cidr asked")
+    if spec.count > 1 and not group:
+        warnings.append("no cluster placement group: nodes may land far apart and NCCL between "
+                        "them will be slower")
+    if spec.public_ip == "all" and len(layout) > 1:
+        warnings.append(
+            f"each instance gets {len(layout)} network interfaces, and EC2 gives no automatic "
+            "public IPv4 address to such instances: --public-ip all allocates one Elastic IP per "
+            "instance (the default quota is 5 per region)")
+    if spec.public_ip == "none" and not jump:
+        warnings.append("--public-ip none: no node gets a public address; this machine must "
+                        "reach their private addresses (VPN, Direct Connect) or pass --jump")
+    if market == "spot":
+        warnings.append("spot instances can be reclaimed with two minutes' notice; the cost shown "
+                        "is the on-demand ceiling")
+    if not spec.key_name:
+        warnings.append("no --key-name: the instances get no SSH key pair, so nothing can log in "
+                        "unless the AMI provides another way")
+    if facts.price is None:
+        warnings.append(f"no on-demand list price is known for {facts.instance_type}: the cost "
+                        "is not estimated")
+    if facts.interconnect == "unknown":
+        warnings.append(f"launch's table has no interconnect facts for {facts.instance_type}: "
+                        "reports will not compare bandwidth with a peak")
+    if res is not None and res.end and expires and res.end < expires:
+        warnings.append(f"{res.label} ends at {res.end}, before the --ttl expiry {expires}: EC2 "
+                        "terminates the instances when the reservation ends")
+    for q in checks:
+        if q.status == "unknown":
+            warnings.append(f"quota {q.name}: {q.detail}")
+    return warnings
 
 
-def placement_group_request(plan: ProvisionPlan) -> dict[str, Any]:
-    assert plan.placement_group
-    return {
-        "GroupName": plan.placement_group,
-        "Strategy": "cluster",
-        "TagSpecifications": tag_specifications(plan, "placement-group",
-                                                name=plan.placement_group),
-    }
+def render_refusals(plan: ProvisionPlan) -> str:
+    return "; ".join(f"{q.name} ({q.code}) {q.detail}" for q in plan.refusals)
 
 
-def run_instances_request(plan: ProvisionPlan, group_id: str, count: int,
-                          client_token: str) -> dict[str, Any]:
-    """RunInstances for `count` instances, all or nothing (MinCount = MaxCount)."""
-    interfaces = []
-    for nic in plan.interfaces:
-        spec: dict[str, Any] = {
-            "NetworkCardIndex": nic.card,
-            "DeviceIndex": nic.device,
-            "SubnetId": plan.site.subnet_id,
-            "Groups": [group_id],
-            "DeleteOnTermination": True,
-        }
-        if nic.efa:
-            spec["InterfaceType"] = "efa"
-        if not plan.elastic_ips:
-            # Allowed only with a single interface; several interfaces get Elastic IPs instead.
-            spec["AssociatePublicIpAddress"] = True
-        interfaces.append(spec)
-    placement: dict[str, Any] = {"AvailabilityZone": plan.site.az}
-    if plan.placement_group:
-        placement["GroupName"] = plan.placement_group
-    request: dict[str, Any] = {
-        "ImageId": plan.site.ami_id,
-        "InstanceType": plan.instance.instance_type,
-        "MinCount": count,
-        "MaxCount": count,
-        "ClientToken": client_token,
-        "NetworkInterfaces": interfaces,
-        "Placement": placement,
-        "BlockDeviceMappings": [{
-            "DeviceName": plan.site.root_device,
-            "Ebs": {"VolumeSize": plan.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True},
-        }],
-        # IMDSv2 only: credentials of an instance role cannot leak through a forwarded request.
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-        "TagSpecifications": tag_specifications(
-            plan, "instance", "volume", "network-interface", name=plan.cluster),
-    }
-    if plan.key_name:
-        request["KeyName"] = plan.key_name
-    if plan.market == "spot":
-        request["InstanceMarketOptions"] = {
-            "MarketType": "spot",
-            "SpotOptions": {"SpotInstanceType": "one-time",
-                            "InstanceInterruptionBehavior": "terminate"},
-        }
-    if plan.capacity_reservation:
-        request["CapacityReservationSpecification"] = {
-            "CapacityReservationTarget": {"CapacityReservationId": plan.capacity_reservation}
-        }
-    return request
-
-
-def allocate_address_request(plan: ProvisionPlan, node_name: str) -> dict[str, Any]:
-    return {"Domain": "vpc",
-            "TagSpecifications": tag_specifications(plan, "elastic-ip", name=node_name)}
+def check_quotas(plan: ProvisionPlan) -> None:
+    """Refuse before creating anything when a quota cannot fit the cluster."""
+    if plan.refusals:
+        raise QuotaExceeded(
+            f"cluster {plan.cluster} does not fit the account's quotas in {plan.site.region}, "
+            f"so nothing was created: {render_refusals(plan)}")
 
 
 def node_name(cluster: str, index: int) -> str:
     return f"{cluster}-{index}"
-
-
-# ---- text -----------------------------------------------------------------------------------
-
-def render_plan(plan: ProvisionPlan) -> str:
-    f = plan.instance
-    lines = [f"Provision plan for cluster {plan.cluster}"]
-
-    def row(key: str, value: str) -> None:
-        lines.append(f"  {key:<19}{value}")
-
-    row("region", plan.site.region)
-    row("instance type", f"{f.instance_type} x {plan.count}  ({f.gpu_summary}, {f.interconnect}, "
-                         f"{f.gpu_link} {f.gpu_link_gbps:g} GB/s per GPU)")
-    row("availability zone", f"{plan.site.az}  (subnet {plan.site.subnet_id}, {plan.site.vpc_id})")
-    row("AMI", f"{plan.site.ami_id}  ({plan.site.ami_description})")
-    row("root volume", f"{plan.disk_gb} GB gp3 on {plan.site.root_device}")
-    row("key pair", plan.key_name or "(none)")
-    market = plan.market
-    if plan.capacity_reservation:
-        market += f", capacity reservation {plan.capacity_reservation}"
-    row("market", market)
-    row("placement group", f"{plan.placement_group} (cluster strategy)" if plan.placement_group
-        else "(none)")
-    if plan.interfaces[0].efa:
-        row("EFA interfaces", f"{len(plan.interfaces)} per instance "
-                              f"(type limit {f.efa_max_interfaces}, {f.network_cards} cards)")
-        for nic in plan.interfaces:
-            lines.append(f"    card {nic.card} device {nic.device} efa"
-                         f"{'  (primary)' if nic.card == 0 else ''}")
-    else:
-        row("EFA interfaces", "none (the type has no EFA); one ordinary interface")
-    row("public address", "one Elastic IP per instance" if plan.elastic_ips
-        else "automatic public IPv4")
-    row("security group", f"{plan.security_group} in {plan.site.vpc_id}")
-    for rule in plan.rules:
-        lines.append(f"    {rule.describe()}")
-    lines.append("    egress  all traffic to 0.0.0.0/0 (AWS's default outbound rule: setup "
-                 "downloads packages)")
-    row("tags", " ".join(f"{k}={v}" for k, v in plan.tags.items()))
-    row("cost", f"${plan.cost_per_hour:,.2f} per hour ({plan.count} x ${f.price_per_hour:,.4g} "
-                f"on-demand, {PRICE_REGION} list price of {f.price_as_of})")
-    lines.append("  then")
-    for step in plan.steps:
-        lines.append(f"    - {step}")
-    for warning in plan.warnings:
-        lines.append(f"  warning: {warning}")
-    for reason in plan.site.unresolved:
-        lines.append(f"  not looked up: {reason}")
-    return "\n".join(lines) + "\n"
-

@@ -8,7 +8,6 @@ deleted by a failed re-run; `launch teardown` is for those.
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 import time
@@ -25,10 +24,14 @@ from launcher.provision import aws, hostkeys, resources
 from launcher.provision.aws import AwsError
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import (
-    CLUSTER_TAG, NODE_PYTHON, ProvisionPlan, allocate_address_request, node_name,
-    placement_group_request, rule_requests, run_instances_request, security_group_request,
+    CLUSTER_TAG, NODE_PYTHON, JumpHost, ProvisionPlan, Zone, node_name,
+)
+from launcher.provision.requests import (
+    allocate_address_request, placement_group_request, rule_requests, run_instances_request,
+    security_group_request,
 )
 from launcher.provision.resources import ClusterResources
+from launcher.ssh import proxy_command, ssh_common_args
 
 
 class ProvisionFailed(LauncherError):
@@ -36,7 +39,12 @@ class ProvisionFailed(LauncherError):
 
 
 class CapacityError(ProvisionFailed):
-    pass
+    """EC2 had no room (or no offer) in a zone, or in every zone tried."""
+
+    def __init__(self, message: str, code: str = "", aws_message: str = "",
+                 attempts: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.code, self.aws_message, self.attempts = code, aws_message, attempts
 
 
 class LeakError(LauncherError):
@@ -79,15 +87,17 @@ class Provisioner:
     def __init__(self, ec2: Any, plan: ProvisionPlan, ledger: Ledger, *, wait_ssh: bool,
                  keep_on_failure: bool, say: Callable[[str], None] = stderr,
                  sleep: Callable[[float], None] = time.sleep, status_timeout: float = 900,
-                 ssh_timeout: float = 600):
+                 ssh_timeout: float = 600, lost_launch_wait: float = 90):
         self.ec2, self.plan, self.ledger = ec2, plan, ledger
         self.wait_ssh, self.keep_on_failure = wait_ssh, keep_on_failure
         self.say, self.sleep = say, sleep
         self.status_timeout, self.ssh_timeout = status_timeout, ssh_timeout
+        self.lost_launch_wait = lost_launch_wait
         self.run_id = uuid.uuid4().hex[:8]
         self.previous_status = "new"            # the ledger's status before this run
         self.made = ClusterResources()          # what this run created, for cleanup
-        self.unanswered: list[str] = []         # tokens of RunInstances calls not answered yet
+        # RunInstances calls not answered yet: idempotency token -> instances asked for.
+        self.unanswered: dict[str, int] = {}
 
     # ---- the whole run --------------------------------------------------------------------------
     def run(self) -> list[Node]:
@@ -101,7 +111,8 @@ class Provisioner:
                 vpc_id=site.vpc_id, ami_id=site.ami_id, ami_description=site.ami_description,
                 placement_group=plan.placement_group, created_at=plan.created_at,
                 expires_at=plan.expires_at, price_per_hour=plan.instance.price_per_hour,
-                inventory=plan.inventory,
+                price_source=plan.price.label() if plan.price else None,
+                public_ip=plan.public_ip, market=plan.market, inventory=plan.inventory,
             )
             try:
                 nodes = self._provision()
@@ -115,38 +126,43 @@ class Provisioner:
         plan = self.plan
         self.phase("finding existing resources by tag")
         existing = resources.find(self.ec2, plan.cluster, states=aws.MEMBER_STATES,
-                                  placement_groups=bool(plan.placement_group),
+                                  placement_groups=bool(plan.placement_group
+                                                        and plan.owns_placement_group),
                                   vpc_id=plan.site.vpc_id)
         self.check_existing(existing)
         group_id = self.ensure_security_group(existing)
-        if plan.placement_group and plan.placement_group not in existing.placement_groups:
-            self.create_placement_group()
         instances = existing.instances
         missing = plan.count - len(instances)
         if missing > 0:
-            instances = instances + self.launch(group_id, missing)
+            if instances:
+                # New nodes join the old ones: same zone, same subnet, same placement group.
+                first = instances[0]
+                zones: tuple[Zone, ...] = (Zone(first["Placement"]["AvailabilityZone"],
+                                                first["SubnetId"], first["VpcId"]),)
+            else:
+                zones = plan.site.zones
+            instances = instances + self.launch_somewhere(group_id, missing, existing, zones)
         else:
             self.say(f"all {plan.count} instance(s) of cluster {plan.cluster} exist; creating "
                      "none")
+        plan = self.plan
         numbered = resources.number_nodes(plan.cluster, instances)
         ids = [inst["InstanceId"] for _, inst in numbered]
         self.phase("waiting for the instances to run and pass status checks")
         self.wait_running(ids)
         self.wait_status_ok(ids)
         self.tag_nodes(numbered, existing)
-        if plan.elastic_ips:
+        if plan.elastic_ip_nodes:
             self.ensure_elastic_ips(numbered, existing.addresses)
         described = self.describe(ids)
-        addresses = [i.get("PublicIpAddress") or i["PrivateIpAddress"] for i in described]
-        if not all(i.get("PublicIpAddress") for i in described):
-            self.say("some instances have no public address: the inventory uses private "
-                     "addresses, reachable only from inside the VPC (VPN, bastion)")
+        indices = [index for index, _ in numbered]
+        addresses = self.addresses(indices, described)
         known_hosts = None
         if self.wait_ssh:
             self.phase("waiting for SSH")
-            known_hosts = self.record_host_keys(described, addresses)
-        nodes = [self.node(index, inst, addr) for (index, _), inst, addr in
-                 zip(numbered, described, addresses)]
+            known_hosts = self.record_host_keys(indices, described, addresses)
+        nodes = [self.node(index, inst, addr, known_hosts, head_address=addresses[0])
+                 for index, inst, addr in zip(indices, described, addresses)]
         self.write_inventory(nodes, known_hosts)
         return nodes
 
@@ -230,8 +246,7 @@ class Provisioner:
                         err, f"AuthorizeSecurityGroup{direction.capitalize()}",
                         f"security group {group_id}")) from None
 
-    def create_placement_group(self) -> None:
-        plan = self.plan
+    def create_placement_group(self, plan: ProvisionPlan) -> None:
         assert plan.placement_group
         self.say(f"creating cluster placement group {plan.placement_group}")
         name = self.create(
@@ -241,22 +256,67 @@ class Provisioner:
         )
         self.made.placement_groups.append(name)
 
-    def launch(self, group_id: str, count: int) -> list[dict[str, Any]]:
-        plan = self.plan
-        token = f"launch-{plan.cluster}-{self.run_id}"
+    def launch_somewhere(self, group_id: str, count: int, existing: ClusterResources,
+                         zones: tuple[Zone, ...]) -> list[dict[str, Any]]:
+        """Launch in the first zone with room, all or nothing per zone; the zone tried and why
+        it was left are said and kept in the ledger."""
+        attempts: list[str] = []
+        for i, zone in enumerate(zones):
+            zplan = self.plan.in_zone(zone)
+            group = zplan.placement_group
+            made_group = False
+            if group and zplan.owns_placement_group and group not in existing.placement_groups:
+                self.create_placement_group(zplan)
+                made_group = True
+            try:
+                launched = self.launch(zplan, group_id, count, attempt=i)
+            except CapacityError as err:
+                attempts.append(f"{zone.az} ({err.code}: {err.aws_message})")
+                following = zones[i + 1].az if i + 1 < len(zones) else None
+                self.say(f"{zone.az}: no room for {count} x {zplan.instance.instance_type} "
+                         f"({err.code}: {err.aws_message})"
+                         + (f"; trying {following}" if following else ""))
+                self.ledger.event(f"run {self.run_id}: {zone.az} refused: {err.code}")
+                if made_group and group:
+                    self.drop_placement_group(group)
+                continue
+            self.plan = zplan   # the cluster lives here now: inventory, ledger, re-runs
+            self.ledger.update(az=zone.az, subnet_id=zone.subnet_id, vpc_id=zone.vpc_id,
+                               placement_group=zplan.placement_group)
+            return launched
+        raise all_zones_failed(self.plan, count, zones, tuple(attempts))
+
+    def drop_placement_group(self, name: str) -> None:
+        """The empty group of a zone that had no room: a cluster placement group is bound to
+        one zone, and the next zone gets a group of its own."""
+        try:
+            aws.retry(lambda: self.ec2.delete_placement_group(GroupName=name),
+                      codes=aws.STILL_IN_USE | aws.NOT_YET_VISIBLE, timeout=60,
+                      sleep=self.sleep)
+        except ClientError as err:
+            self.say(f"could not delete placement group {name} yet ({aws.error_code(err)}); "
+                     "cleanup and `launch teardown` will")
+            return
+        self.ledger.deleted("placement-group", name)
+        if name in self.made.placement_groups:
+            self.made.placement_groups.remove(name)
+
+    def launch(self, plan: ProvisionPlan, group_id: str, count: int,
+               attempt: int = 0) -> list[dict[str, Any]]:
+        token = f"launch-{plan.cluster}-{self.run_id}" + (f"-{attempt}" if attempt else "")
         request = run_instances_request(plan, group_id, count, token)
         self.say(f"launching {count} x {plan.instance.instance_type} in {plan.site.az}")
         entry = self.ledger.intend("instance-launch", self.run_id, client_token=token,
-                                   count=count)
-        self.unanswered.append(token)
+                                   count=count, az=plan.site.az)
+        self.unanswered[token] = count
         try:
             answer = self.ec2.run_instances(**request)
         except ClientError as err:
-            self.unanswered.remove(token)   # an error answer: EC2 launched nothing
+            del self.unanswered[token]   # an error answer: EC2 launched nothing
             self.ledger.failed(entry, aws.error_code(err))
             raise launch_error(err, plan, count) from None
-        self.unanswered.remove(token)
         launched = answer["Instances"]
+        del self.unanswered[token]   # answered, and the answer was read
         for inst in launched:
             self.ledger.add_created("instance", inst["InstanceId"], self.run_id,
                                     client_token=token)
@@ -267,12 +327,14 @@ class Provisioner:
 
     def ensure_elastic_ips(self, numbered: list[tuple[int, dict[str, Any]]],
                            addresses: list[dict[str, Any]]) -> None:
-        """One Elastic IP on each instance's primary interface (card 0, device 0)."""
+        """An Elastic IP on the primary interface (card 0, device 0) of each node the plan
+        makes public: the head only by default."""
         plan = self.plan
         taken = {a.get("NetworkInterfaceId") for a in addresses if a.get("AssociationId")}
         free = [a for a in addresses if not a.get("AssociationId")]
-        by_id = {i["InstanceId"]: i for i in self.describe([i["InstanceId"] for _, i in numbered])}
-        for index, iid in ((index, inst["InstanceId"]) for index, inst in numbered):
+        wanted = [(index, inst) for index, inst in numbered if index in plan.elastic_ip_nodes]
+        by_id = {i["InstanceId"]: i for i in self.describe([i["InstanceId"] for _, i in wanted])}
+        for index, iid in ((index, inst["InstanceId"]) for index, inst in wanted):
             primary = next(n["NetworkInterfaceId"] for n in by_id[iid]["NetworkInterfaces"]
                            if n["Attachment"]["DeviceIndex"] == 0
                            and n["Attachment"].get("NetworkCardIndex", 0) == 0)
@@ -351,39 +413,119 @@ class Provisioner:
 
         self.poll(f"passing status checks on {', '.join(ids)}", self.status_timeout, check)
 
-    def record_host_keys(self, described: list[dict[str, Any]], addresses: list[str]) -> Path:
-        scanned = hostkeys.wait_for_ssh(addresses, timeout=self.ssh_timeout, sleep=self.sleep)
+    # ---- reaching the nodes ---------------------------------------------------------------------
+    def addresses(self, indices: list[int], described: list[dict[str, Any]]) -> list[str]:
+        """Where SSH reaches each node: its public address when the plan gives it one, else its
+        private address (through the head or --jump, or over the user's VPN)."""
+        public = set(self.plan.public_nodes)
+        out = []
+        for index, inst in zip(indices, described):
+            address = inst.get("PublicIpAddress") if index in public else None
+            if index in public and not address:
+                self.say(f"{node_name(self.plan.cluster, index)} has no public address; the "
+                         "inventory uses its private one")
+            out.append(address or inst["PrivateIpAddress"])
+        return out
+
+    def jump_for(self, index: int, head_address: str) -> JumpHost | None:
+        """The host node `index` is reached through: --jump, or the head (node 0)."""
+        plan = self.plan
+        if plan.jump:
+            return plan.jump
+        if plan.public_ip == "head" and index != 0:
+            return JumpHost(head_address, 22, plan.ssh_user)
+        return None
+
+    def record_host_keys(self, indices: list[int], described: list[dict[str, Any]],
+                         addresses: list[str]) -> Path:
+        """Scan every node's key (through the head or --jump for nodes behind it), trust it
+        when the instance's console output lists it, and write the cluster's known_hosts."""
+        path = self.ledger.path.parent / "known_hosts"
+        jumps = [self.jump_for(i, addresses[0]) for i in indices]
+        scanned: dict[str, str] = {}
+        direct = [a for a, j in zip(addresses, jumps) if j is None]
+        if direct:
+            scanned.update(hostkeys.wait_for_ssh(direct, timeout=self.ssh_timeout,
+                                                 sleep=self.sleep))
         keys: list[hostkeys.HostKey] = []
         for inst, address in zip(described, addresses):
+            if address not in scanned:
+                continue
             console = self.ec2.get_console_output(InstanceId=inst["InstanceId"], Latest=True)
             keys += hostkeys.trusted_keys(address, scanned[address], console.get("Output", ""))
+        behind = [(inst, a, j) for inst, a, j in zip(described, addresses, jumps) if j]
+        if behind:
+            jump = behind[0][2]
+            assert jump is not None
+            known = [k.key for k in keys if k.host == jump.host] or \
+                self.user_known_keys(jump)
+            tunnel = hostkeys.Tunnel(jump.host, jump.port, jump.user or self.plan.ssh_user,
+                                     self.plan.key_file, known)
+            try:
+                through = hostkeys.wait_for_ssh([a for _, a, _ in behind],
+                                                timeout=self.ssh_timeout, sleep=self.sleep,
+                                                tunnel=tunnel)
+            finally:
+                tunnel.close()
+            for inst, address, _ in behind:
+                console = self.ec2.get_console_output(InstanceId=inst["InstanceId"], Latest=True)
+                keys += hostkeys.trusted_keys(address, through[address],
+                                              console.get("Output", ""))
         unverified = sorted({k.host for k in keys if not k.verified})
         if unverified:
             self.say(f"host keys of {', '.join(unverified)} taken on first use (their console "
                      "output does not list keys yet)")
-        path = self.ledger.path.parent / "known_hosts"
         hostkeys.write_known_hosts(path, keys)
         return path
 
+    def user_known_keys(self, jump: JumpHost) -> list[str]:
+        """A --jump host is the user's own: its key must be in ~/.ssh/known_hosts already."""
+        import paramiko
+
+        name = jump.host if jump.port == 22 else f"[{jump.host}]:{jump.port}"
+        known = paramiko.HostKeys()
+        user_file = Path("~/.ssh/known_hosts").expanduser()
+        if user_file.exists():
+            known.load(str(user_file))
+        entry = known.lookup(name) or {}
+        if not entry:
+            raise ProvisionFailed(
+                f"the host key of --jump {jump} is not in {user_file}: connect to it once with "
+                f"`ssh {jump}` (and check the key), then run again")
+        return [f"{kind} {key.get_base64()}" for kind, key in entry.items()]
+
     # ---- output ---------------------------------------------------------------------------------
-    def node(self, index: int, inst: dict[str, Any], address: str) -> Node:
+    def node(self, index: int, inst: dict[str, Any], address: str,
+             known_hosts: Path | None, head_address: str | None = None) -> Node:
         plan = self.plan
+        extra: dict[str, Any] = {"instance_id": inst["InstanceId"]}
+        jump = self.jump_for(index, head_address or address)
+        if jump is not None:
+            known = str(known_hosts or self.ledger.path.parent / "known_hosts")
+            extra["ansible_ssh_common_args"] = ssh_common_args(
+                known, proxy_command(jump.host, port=jump.port,
+                                     user=jump.user or plan.ssh_user, key_file=plan.key_file,
+                                     known_hosts=known if not plan.jump else None,
+                                     accept_new=known_hosts is None),
+                strict=known_hosts is not None)
         return Node(
             name=node_name(plan.cluster, index), address=address,
             private_address=inst["PrivateIpAddress"], user=plan.ssh_user, key_file=plan.key_file,
             gpus=plan.instance.gpu_count, python=NODE_PYTHON,
-            instance_type=plan.instance.instance_type,
-            extra={"instance_id": inst["InstanceId"]},
+            instance_type=plan.instance.instance_type, extra=extra,
         )
 
     def write_inventory(self, nodes: list[Node], known_hosts: Path | None) -> None:
         plan = self.plan
         common: dict[str, Any] = {"launch_cluster": plan.cluster}
-        if known_hosts:
-            # Ansible and launch's SSH executor both take the host key file from here.
-            common["ansible_ssh_common_args"] = (
-                f"-o UserKnownHostsFile={shlex.quote(str(known_hosts))} "
-                "-o StrictHostKeyChecking=yes")
+        if plan.image == "dlami":
+            common["launch_node_image"] = "dlami"
+        # Ansible and launch's SSH executor both take the host key file from here. Without a
+        # recorded file (--no-wait-ssh) it is still named, not enforced: Ansible accepts new
+        # keys into it, `launch run` with --accept-new-host-keys.
+        common["ansible_ssh_common_args"] = ssh_common_args(
+            str(known_hosts or self.ledger.path.parent / "known_hosts"),
+            strict=known_hosts is not None)
         path = Path(plan.inventory)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_inventory(path, nodes, common, header=(
@@ -393,18 +535,46 @@ class Provisioner:
         self.ledger.update(inventory=str(path))
 
     # ---- failure --------------------------------------------------------------------------------
+    def find_lost_launch(self, token: str, count: int) -> list[dict[str, Any]]:
+        """The instances of a launch whose answer never came. EC2 is eventually consistent:
+        instances launched a moment ago may not be listed yet, so keep looking for a while."""
+        waited = 0.0
+        found: list[dict[str, Any]] = []
+        told = False
+        while True:
+            try:
+                found = resources.instances_by_token(self.ec2, self.plan.cluster, token)
+            except aws.LOOKUP_ERRORS as lookup:
+                self.say(f"could not look for instances of launch {token}: {lookup}")
+            if len(found) >= count or waited + 5 > self.lost_launch_wait:
+                return found
+            waited += 5
+            if not told:
+                self.say(f"looking for instances of the interrupted launch {token} (EC2 may "
+                         f"take a minute to list them; up to {self.lost_launch_wait:.0f} s)")
+                told = True
+            self.sleep(5)
+
     def clean_up_after(self, err: BaseException) -> BaseException:
         """Delete what this run created; return the exception to raise, its message completed."""
         interrupted = isinstance(err, KeyboardInterrupt)
-        why = "interrupted" if interrupted else str(err) or type(err).__name__
+        if interrupted:
+            why = "interrupted"
+        elif isinstance(err, (LauncherError, ClientError, BotoCoreError)):
+            why = str(err) or type(err).__name__
+        else:
+            # Not AWS's answer but something unexpected in it (a garbled or partial response):
+            # name the kind of failure, since str() of a KeyError is just the key.
+            why = f"unexpected {type(err).__name__}: {err}"
         self.ledger.update(status="failed", phase=f"failed: {why}")
-        for token in self.unanswered:
+        for token, count in list(self.unanswered.items()):
             # A launch whose answer was lost (Ctrl-C mid-call) may still have made instances.
-            try:
-                lost = resources.instances_by_token(self.ec2, self.plan.cluster, token)
-            except (ClientError, BotoCoreError) as lookup:
-                self.say(f"could not look for instances of launch {token}: {lookup}")
-                continue
+            lost = self.find_lost_launch(token, count)
+            for record in self.ledger.live("instance-launch"):
+                if record.get("client_token") == token:
+                    # Found or not, the tag search of `launch status`/`teardown` still sees
+                    # any instance that shows up later: RunInstances tagged it atomically.
+                    self.ledger.settle(record, "done" if lost else "none-found")
             known = set(self.made.instance_ids())
             for inst in lost:
                 if inst["InstanceId"] not in known:
@@ -444,18 +614,30 @@ class Provisioner:
 def launch_error(err: ClientError, plan: ProvisionPlan, count: int) -> LauncherError:
     code = aws.error_code(err)
     what = f"{count} x {plan.instance.instance_type} in {plan.site.az}"
-    if code in aws.CAPACITY_CODES:
-        return CapacityError(
-            f"EC2 has no capacity for {what} right now ({code}: {aws.error_message(err)}). "
-            f"Options: another zone (--az), a capacity reservation (--capacity-reservation), "
-            f"fewer nodes (--count), "
-            f"{'on-demand (drop --spot)' if plan.market == 'spot' else '--spot'}"
-            ", or try again later"
-        )
+    if code in aws.ZONE_CODES:
+        return CapacityError(f"EC2 has no room for {what} right now ({code}: "
+                             f"{aws.error_message(err)})", code, aws.error_message(err))
     if code in aws.QUOTA_CODES:
-        return CapacityError(
+        return ProvisionFailed(
             f"the account's quota does not allow {what} ({code}: {aws.error_message(err)}). "
             "Request an increase in Service Quotas (EC2 'Running On-Demand P instances' / "
             "'G and VT instances' count vCPUs) or pass a smaller --count"
         )
     return AwsError(aws.explain(err, "RunInstances", what))
+
+
+def all_zones_failed(plan: ProvisionPlan, count: int, zones: tuple[Zone, ...],
+                     attempts: tuple[str, ...]) -> CapacityError:
+    where = ("every zone tried in " if len(zones) > 1 else "") + plan.site.region
+    other = ("another --region (several may be listed: --region us-east-1,us-west-2)"
+             if len(zones) > 1 else "another zone (drop --az/--subnet to try them all)")
+    market = ("on-demand (drop --spot)" if plan.market == "spot"
+              else "" if plan.market == "capacity-block" else "--spot")
+    options = [o for o in ("a Capacity Block or capacity reservation (--capacity-reservation)"
+                           if plan.reservation is None else "",
+                           other, "fewer nodes (--count)", market, "or try again later") if o]
+    return CapacityError(
+        f"EC2 had no room for {count} x {plan.instance.instance_type} in {where}: "
+        f"{'; '.join(attempts)}. Options: {', '.join(options)}",
+        attempts[-1].split(" (", 1)[1].split(":", 1)[0] if attempts else "", "",
+        attempts)

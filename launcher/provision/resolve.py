@@ -1,7 +1,9 @@
-"""Look up what the plan needs from AWS and the network: region, AZ and subnet, AMI, SSH CIDR.
+"""Look up what the plan needs from AWS and the network: the type's facts and price, the zones
+to try and their subnets, the reservation, the image, the SSH CIDR and the account's quotas.
 
-This is the only part of planning that talks to the network. Without credentials (an offline dry
-run) every AWS value becomes a readable placeholder and the plan says what was not looked up.
+This is the only part of planning that talks to the network, and every call here only reads.
+Without credentials (an offline dry run) every AWS value becomes a readable placeholder and the
+plan says what was not looked up.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from botocore.exceptions import ClientError
 from launcher import catalog
 from launcher.catalog import InstanceFacts
 from launcher.errors import LauncherError
-from launcher.provision import aws
-from launcher.provision.aws import AwsError
+from launcher.provision import account, aws, prices, reservations
+from launcher.provision.aws import AwsError, Clients
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import (
-    ProvisionSpec, ProvisionSpecError, SiteFacts, normalize_cidr, ubuntu_ssm_parameter,
+    ProvisionSpec, ProvisionSpecError, SiteFacts, Zone, image_parameter, normalize_cidr,
 )
+from launcher.provision.quotas import AccountFacts
+from launcher.provision.reservations import Reservation
 
 # AWS's own what-is-my-address service. LAUNCH_PUBLIC_IP_URL points elsewhere (a proxy-friendly
 # echo service; the tests use a local one) without changing the rule: no answer, no default CIDR.
@@ -79,15 +83,15 @@ def ssh_source(spec: ProvisionSpec, *, dry_run: bool) -> tuple[str, tuple[str, .
 def offline_site(spec: ProvisionSpec, facts: InstanceFacts, region: str | None) -> SiteFacts:
     """Placeholders for everything only AWS can answer (no credentials: a dry run offline)."""
     ssh_cidr, unresolved = ssh_source(spec, dry_run=True)
-    unresolved = ("no AWS credentials: the AZ, subnet and AMI were not looked up and no "
-                  "DryRun checks were sent", *unresolved)
+    unresolved = ("no AWS credentials: the zones, subnets, image, reservation, quotas and "
+                  "prices were not looked up and no DryRun checks were sent", *unresolved)
+    zone = Zone(az=spec.az or f"<each availability zone offering {facts.instance_type}, in turn>",
+                subnet_id=spec.subnet or "<default subnet of that zone>", vpc_id="<its VPC>")
     return SiteFacts(
         region=region or "<region from your AWS configuration>",
-        az=spec.az or f"<first availability zone offering {facts.instance_type}>",
-        subnet_id=spec.subnet or "<default subnet of that zone>",
-        vpc_id="<its VPC>",
-        ami_id=spec.ami or f"<latest Ubuntu {spec.ubuntu}: SSM "
-                           f"{ubuntu_ssm_parameter(spec.ubuntu, facts.architecture)}>",
+        zones=(zone,),
+        ami_id=spec.ami or f"<latest {spec.image} {spec.ubuntu}: SSM "
+                           f"{image_parameter(spec, facts.architecture)}>",
         ami_description="not looked up",
         root_device="<root device of the AMI>",
         ssh_cidr=ssh_cidr,
@@ -95,11 +99,17 @@ def offline_site(spec: ProvisionSpec, facts: InstanceFacts, region: str | None) 
     )
 
 
-class Resolver:
-    """Answers for one provisioning request, asked of one region's EC2 and SSM endpoints."""
+def _camel(operation: str) -> str:
+    return "".join(part.capitalize() for part in operation.split("_"))
 
-    def __init__(self, ec2: Any, ssm: Any, spec: ProvisionSpec, region: str):
-        self.ec2, self.ssm, self.spec, self.region = ec2, ssm, spec, region
+
+class Resolver:
+    """Answers for one provisioning request, asked of one region's endpoints."""
+
+    def __init__(self, clients: Clients, spec: ProvisionSpec, region: str):
+        self.clients, self.spec, self.region = clients, spec, region
+        self.ec2, self.ssm = clients.ec2, clients.ssm
+        self.notes: list[str] = []   # optional look-ups that did not answer
 
     def call(self, operation: str, what: str, **params: Any) -> dict[str, Any]:
         try:
@@ -107,21 +117,40 @@ class Resolver:
         except ClientError as err:
             raise AwsError(aws.explain(err, _camel(operation), what)) from None
 
-    # ---- catalog ------------------------------------------------------------------------------
-    def instance_facts(self, facts: InstanceFacts) -> InstanceFacts:
+    # ---- the type ---------------------------------------------------------------------------
+    def instance_facts(self) -> InstanceFacts:
+        """The built-in row refreshed from EC2, or EC2's description alone for any other type."""
+        name = self.spec.instance_type
         try:
-            answer = self.ec2.describe_instance_types(InstanceTypes=[facts.instance_type])
+            answer = self.ec2.describe_instance_types(InstanceTypes=[name])
         except ClientError as err:
-            if aws.error_code(err) == "InvalidInstanceType":
+            if aws.error_code(err) in ("InvalidInstanceType", "InvalidParameterValue"):
                 raise AwsError(
-                    f"instance type {facts.instance_type} is not offered in {self.region}; "
-                    "choose another --region"
-                ) from None
-            raise AwsError(aws.explain(err, "DescribeInstanceTypes", facts.instance_type)) from None
+                    f"EC2 does not know instance type {name} in {self.region}: check the name "
+                    "(`aws ec2 describe-instance-types`) or choose another --region") from None
+            raise AwsError(aws.explain(err, "DescribeInstanceTypes", name)) from None
         described = answer.get("InstanceTypes") or []
-        return catalog.enrich(facts, described[0], self.region) if described else facts
+        if not described:
+            raise AwsError(f"EC2 does not describe instance type {name} in {self.region}; check "
+                           "the name or choose another --region")
+        known = catalog.builtin(name)
+        if known is not None:
+            return catalog.enrich(known, described[0], self.region)
+        return catalog.from_ec2(described[0], self.region)
 
-    # ---- where ----------------------------------------------------------------------------
+    def priced(self, facts: InstanceFacts) -> InstanceFacts:
+        price, why = prices.lookup(self.clients.pricing, facts.instance_type, self.region)
+        if price is not None:
+            return catalog.with_price(facts, price)
+        kept = (f"; the cost uses {facts.price.label()}" if facts.price is not None
+                else "; the cost is not estimated")
+        self.notes.append(f"price: {why}{kept}")
+        if facts.price is not None and facts.price.region != self.region:
+            self.notes.append(f"price: the table's price is for {facts.price.region}; "
+                              f"{self.region} may cost more or less")
+        return facts
+
+    # ---- where -----------------------------------------------------------------------------
     def offered_zones(self, instance_type: str) -> list[str]:
         offers = aws.paginate(
             self.ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
@@ -135,70 +164,71 @@ class Resolver:
                                Filters=[{"Name": "default-for-az", "Values": ["true"]}])
         return {s["AvailabilityZone"]: s for s in subnets}
 
-    def reservation_zone(self, reservation_id: str, instance_type: str) -> str:
-        answer = self.call("describe_capacity_reservations", f"capacity reservation "
-                           f"{reservation_id}", CapacityReservationIds=[reservation_id])
+    def reservation(self) -> Reservation | None:
+        rid = self.spec.capacity_reservation
+        if not rid:
+            return None
+        answer = self.call("describe_capacity_reservations", f"capacity reservation {rid}",
+                           CapacityReservationIds=[rid])
         found = answer.get("CapacityReservations") or []
         if not found:
-            raise AwsError(f"capacity reservation {reservation_id} not found in {self.region}")
-        cr = found[0]
-        if cr.get("InstanceType") != instance_type:
-            raise AwsError(
-                f"capacity reservation {reservation_id} is for {cr.get('InstanceType')}, not "
-                f"{instance_type}; pass --instance {cr.get('InstanceType')} or another reservation"
-            )
-        if cr.get("State") != "active":
-            raise AwsError(f"capacity reservation {reservation_id} is {cr.get('State')}, not "
-                           "active; wait for its start time or use another one")
-        available = int(cr.get("AvailableInstanceCount", 0))
-        if available < self.spec.count:
-            raise AwsError(
-                f"capacity reservation {reservation_id} has room for {available} more "
-                f"{instance_type}, fewer than --count {self.spec.count}; pass --count {available} "
-                "or extend the reservation"
-            )
-        return cr["AvailabilityZone"]
+            raise AwsError(f"capacity reservation {rid} not found in {self.region}; check the id "
+                           "and --region")
+        return reservations.from_ec2(found[0])
 
-    def placement(self, instance_type: str) -> tuple[str, str, str]:
-        """(az, subnet id, vpc id): one subnet and zone for the whole cluster."""
+    def open_reservation_zones(self, instance_type: str, count: int) -> list[str]:
+        """Zones where an open reservation of the type has room: launches there use it."""
+        try:
+            answer = self.clients.ec2_quick.describe_capacity_reservations(Filters=[
+                {"Name": "instance-type", "Values": [instance_type]},
+                {"Name": "state", "Values": ["active"]}])
+        except aws.OPTIONAL_ERRORS as err:
+            self.notes.append(f"zone order: open capacity reservations not looked up "
+                              f"({type(err).__name__}); zones are tried in name order")
+            return []
+        return sorted({cr["AvailabilityZone"] for cr in answer.get("CapacityReservations", [])
+                       if cr.get("InstanceMatchCriteria") == "open"
+                       and int(cr.get("AvailableInstanceCount", 0)) >= count})
+
+    def zones(self, instance_type: str, res: Reservation | None,
+              missing: int) -> tuple[tuple[Zone, ...], str]:
+        """The zones to try, in order, each with its subnet; and why in that order."""
         spec = self.spec
-        zones = self.offered_zones(instance_type)
-        if not zones:
+        offered = self.offered_zones(instance_type)
+        if not offered:
             raise AwsError(f"no availability zone in {self.region} offers {instance_type}; "
                            "choose another --region")
         if spec.subnet:
             subnets = self.call("describe_subnets", f"subnet {spec.subnet}",
                                 SubnetIds=[spec.subnet])["Subnets"]
             subnet = subnets[0]
-            az = subnet["AvailabilityZone"]
-            self._check_zone(az, zones, instance_type, f"subnet {spec.subnet}")
-            return az, subnet["SubnetId"], subnet["VpcId"]
-        wanted = spec.az
-        if spec.capacity_reservation:
-            wanted = self.reservation_zone(spec.capacity_reservation, instance_type)
-            if spec.az and spec.az != wanted:
-                raise AwsError(f"capacity reservation {spec.capacity_reservation} is in {wanted}, "
-                               f"not --az {spec.az}; drop --az")
+            self._check_zone(subnet["AvailabilityZone"], offered, instance_type,
+                             f"subnet {spec.subnet}")
+            return (Zone(subnet["AvailabilityZone"], subnet["SubnetId"], subnet["VpcId"]),), \
+                "--subnet"
         defaults = self.default_subnets()
         if not defaults:
             raise AwsError(
                 f"{self.region} has no default VPC: pass --subnet with a subnet whose instances "
-                "you can reach (public IPs, or through your VPN)"
-            )
-        if wanted:
-            self._check_zone(wanted, zones, instance_type, f"availability zone {wanted}")
-            if wanted not in defaults:
-                raise AwsError(f"the default VPC has no subnet in {wanted}; pass --subnet")
-            subnet = defaults[wanted]
-        else:
-            usable = [z for z in zones if z in defaults]
-            if not usable:
-                raise AwsError(
-                    f"{instance_type} is offered in {', '.join(zones)} but the default VPC has no "
-                    "subnet there; pass --subnet"
-                )
-            subnet = defaults[usable[0]]
-        return subnet["AvailabilityZone"], subnet["SubnetId"], subnet["VpcId"]
+                "you can reach (public IPs, or through your VPN or --jump)")
+        pinned = res.az if res is not None else spec.az
+        if pinned:
+            where = (f"{res.label}'s zone" if res is not None else "--az")
+            self._check_zone(pinned, offered, instance_type, f"availability zone {pinned}")
+            if pinned not in defaults:
+                raise AwsError(f"the default VPC has no subnet in {pinned}; pass --subnet")
+            s = defaults[pinned]
+            return (Zone(pinned, s["SubnetId"], s["VpcId"]),), where
+        usable = [z for z in offered if z in defaults]
+        if not usable:
+            raise AwsError(f"{instance_type} is offered in {', '.join(offered)} but the default "
+                           "VPC has no subnet there; pass --subnet")
+        reserved = [z for z in self.open_reservation_zones(instance_type, missing)
+                    if z in usable]
+        ordered = reserved + [z for z in usable if z not in reserved]
+        why = (f"zones with an open capacity reservation of the type first: {', '.join(reserved)}"
+               if reserved else "every zone offering the type, in name order")
+        return tuple(Zone(z, defaults[z]["SubnetId"], defaults[z]["VpcId"]) for z in ordered), why
 
     def _check_zone(self, az: str, zones: list[str], instance_type: str, where: str) -> None:
         if az not in zones:
@@ -206,16 +236,17 @@ class Resolver:
                            f"it: {', '.join(zones)}")
 
     # ---- image --------------------------------------------------------------------------------
-    def ubuntu_ami(self, architecture: str) -> str:
-        name = ubuntu_ssm_parameter(self.spec.ubuntu, architecture)
+    def image_id(self, architecture: str) -> str:
+        name = image_parameter(self.spec, architecture)
         try:
             return self.ssm.get_parameter(Name=name)["Parameter"]["Value"]
         except ClientError as err:
             if aws.error_code(err) == "ParameterNotFound":
+                what = ("the AWS Deep Learning Base OSS Nvidia Driver GPU image"
+                        if self.spec.image == "dlami" else "the current Ubuntu image")
                 raise AwsError(
                     f"AWS's public parameter {name} does not exist in {self.region}, so launch "
-                    "cannot pick the current Ubuntu image; pass --ami with an Ubuntu "
-                    f"{self.spec.ubuntu} image id"
+                    f"cannot pick {what}; pass --ami with an Ubuntu {self.spec.ubuntu} image id"
                 ) from None
             raise AwsError(aws.explain(err, "ssm:GetParameter", name)) from None
 
@@ -228,11 +259,32 @@ class Resolver:
         if image.get("Architecture") != architecture:
             raise AwsError(f"image {ami} is built for {image.get('Architecture')}, but the "
                            f"instance type needs {architecture}; pass a matching --ami")
+        root = image.get("RootDeviceName") or "/dev/sda1"
+        for mapping in image.get("BlockDeviceMappings") or []:
+            size = (mapping.get("Ebs") or {}).get("VolumeSize")
+            if mapping.get("DeviceName") == root and size and int(size) > self.spec.disk_gb:
+                raise ProvisionSpecError(
+                    f"--disk-gb {self.spec.disk_gb} is smaller than image {ami}'s root snapshot "
+                    f"({size} GB); pass --disk-gb {size} or more")
         description = image.get("Name") or image.get("Description") or ami
-        return description, image.get("RootDeviceName") or "/dev/sda1"
+        return description, root
+
+    # ---- the account ---------------------------------------------------------------------------
+    def existing(self, cluster: str) -> tuple[int, int]:
+        """(alive instances, Elastic IPs) carrying the cluster's tag."""
+        alive = len(aws.instances_of(self.ec2, cluster, aws.MEMBER_STATES))
+        addresses = self.ec2.describe_addresses(Filters=aws.tag_filters(cluster))["Addresses"]
+        return alive, len(addresses)
+
+    def account_facts(self, facts: InstanceFacts) -> AccountFacts:
+        alive, addresses = self.existing(self.spec.cluster)
+        market = "spot" if self.spec.spot else "on-demand"
+        return account.read(self.clients.ec2_quick, self.clients.quotas, facts.instance_type,
+                           market, existing_instances=alive, existing_elastic_ips=addresses)
 
     # ---- all ----------------------------------------------------------------------------------
-    def site(self, facts: InstanceFacts, ledger: Ledger | None, *, dry_run: bool) -> SiteFacts:
+    def site(self, facts: InstanceFacts, ledger: Ledger | None, *, dry_run: bool,
+             missing: int) -> SiteFacts:
         spec = self.spec
         kept = ledger.data if ledger and ledger.status not in ("new", "deleted") else {}
         if kept:
@@ -249,17 +301,16 @@ class Resolver:
                         f"{asked}. Run `launch teardown --cluster {spec.cluster}` first, or "
                         "choose another --cluster"
                     )
+        res = self.reservation()
         if kept.get("az") and kept.get("subnet_id") and kept.get("vpc_id"):
-            az, subnet_id, vpc_id = kept["az"], kept["subnet_id"], kept["vpc_id"]
+            zones, order = (Zone(kept["az"], kept["subnet_id"], kept["vpc_id"]),), \
+                "the cluster's zone"
         else:
-            az, subnet_id, vpc_id = self.placement(facts.instance_type)
-        ami = spec.ami or kept.get("ami_id") or self.ubuntu_ami(facts.architecture)
+            zones, order = self.zones(facts.instance_type, res, missing)
+        ami = spec.ami or kept.get("ami_id") or self.image_id(facts.architecture)
         description, root_device = self.image(ami, facts.architecture)
         ssh_cidr, unresolved = ssh_source(spec, dry_run=dry_run)
-        return SiteFacts(region=self.region, az=az, subnet_id=subnet_id, vpc_id=vpc_id,
-                         ami_id=ami, ami_description=description, root_device=root_device,
-                         ssh_cidr=ssh_cidr, unresolved=unresolved)
-
-
-def _camel(operation: str) -> str:
-    return "".join(part.capitalize() for part in operation.split("_"))
+        return SiteFacts(region=self.region, zones=zones, ami_id=ami,
+                         ami_description=description, root_device=root_device,
+                         ssh_cidr=ssh_cidr, zone_order=order, reservation=res,
+                         unresolved=(*unresolved, *self.notes))

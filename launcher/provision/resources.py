@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from launcher.provision import aws
 from launcher.provision.ledger import Ledger
 
@@ -123,7 +121,7 @@ def delete(ec2: Any, doomed: ClusterResources, ledger: Ledger | None,
     def attempt(kind: str, rid: str, label: str, call: Callable[[], Any]) -> None:
         try:
             aws.retry(call, codes=aws.STILL_IN_USE | aws.NOT_YET_VISIBLE, timeout=in_use_timeout)
-        except (ClientError, BotoCoreError) as err:
+        except aws.LOOKUP_ERRORS as err:
             if not aws.error_code(err).endswith(("NotFound", ".Unknown")):
                 remains.append(f"{label} ({aws.error_code(err) or 'error'}: "
                                f"{aws.error_message(err)})")
@@ -142,7 +140,7 @@ def delete(ec2: Any, doomed: ClusterResources, ledger: Ledger | None,
                 if ledger is not None:
                     ledger.deleted("instance", iid)
             say(f"terminated {', '.join(ids)}")
-        except (ClientError, BotoCoreError, aws.AwsError) as err:
+        except (*aws.LOOKUP_ERRORS, aws.AwsError) as err:
             remains += [f"instance {iid}" for iid in ids]
             remains.append(f"(TerminateInstances: {aws.error_message(err)})")
             # With instances alive the groups cannot go either: say so instead of trying.
@@ -154,7 +152,7 @@ def delete(ec2: Any, doomed: ClusterResources, ledger: Ledger | None,
         if address.get("AssociationId"):
             try:
                 ec2.disassociate_address(AssociationId=address["AssociationId"])
-            except (ClientError, BotoCoreError):
+            except aws.LOOKUP_ERRORS:
                 pass  # the association died with the instance: releasing is what matters
         attempt("elastic-ip", alloc, f"Elastic IP {alloc}",
                 lambda a=alloc: ec2.release_address(AllocationId=a))

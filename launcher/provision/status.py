@@ -27,9 +27,10 @@ class ClusterStatus:
     created_at: str | None
     expires_at: str | None
     uptime_hours: float | None
-    cost_so_far: float | None  # USD at the catalog's on-demand price
+    cost_so_far: float | None  # USD at the on-demand price the cluster was planned with
     expired: bool
     checked: bool              # AWS was asked (else: the ledger's view only)
+    hours_left: float | None = None  # until the nodes terminate themselves; None: no expiry
 
 
 def _hours(since: str | None, now: datetime) -> float | None:
@@ -38,8 +39,10 @@ def _hours(since: str | None, now: datetime) -> float | None:
     return max((now - parse_iso(since)).total_seconds() / 3600, 0.0)
 
 
-def _price(instance_type: str) -> float | None:
-    facts = catalog.BUILTIN.get(instance_type)
+def _price(instance_type: str, ledger: dict[str, Any]) -> float | None:
+    if ledger.get("price_per_hour") is not None:
+        return float(ledger["price_per_hour"])   # what the plan used (Price List or table)
+    facts = catalog.builtin(instance_type)
     return facts.price_per_hour if facts else None
 
 
@@ -61,7 +64,7 @@ def summarize(cluster: str, ledger: dict[str, Any] | None,
     expires = ledger.get("expires_at") or (aws.tag_value(first, EXPIRES_AT_TAG) if first else None)
     if expires == "never":
         expires = None
-    price = _price(instance_type)
+    price = _price(instance_type, ledger)
     if instances is not None:
         nodes = len(instances)
         billed = [_hours(_launch_iso(i), now) or 0.0 for i in instances
@@ -79,6 +82,8 @@ def summarize(cluster: str, ledger: dict[str, Any] | None,
         uptime_hours=_hours(created, now) if nodes else None,
         cost_so_far=cost, expired=bool(expires and nodes and parse_iso(expires) < now),
         checked=instances is not None,
+        hours_left=(round((parse_iso(expires) - now).total_seconds() / 3600, 2)
+                    if expires and nodes else None),
     )
 
 
@@ -132,11 +137,12 @@ def render(rows: list[ClusterStatus], notes: list[str]) -> str:
     if not rows:
         return "No clusters.\n" + "".join(f"({n})\n" for n in notes)
     header = ("CLUSTER", "REGION", "TYPE", "NODES", "STATE", "UPTIME", "COST SO FAR", "EXPIRES",
-              "")
+              "LEFT", "")
     table = []
     for r in rows:
         flags = []
         if r.expired:
+            # The nodes power themselves off at the expiry; what still runs missed its timer.
             flags.append("EXPIRED: launch teardown --cluster " + r.cluster)
         if not r.checked:
             flags.append("(ledger only)")
@@ -144,7 +150,9 @@ def render(rows: list[ClusterStatus], notes: list[str]) -> str:
             r.cluster, r.region, r.instance_type, str(r.nodes), r.state,
             _fmt_hours(r.uptime_hours),
             "?" if r.cost_so_far is None else f"${r.cost_so_far:,.2f}",
-            r.expires_at or "never", " ".join(flags),
+            r.expires_at or "never",
+            "-" if r.hours_left is None else
+            ("0" if r.hours_left <= 0 else _fmt_hours(r.hours_left)), " ".join(flags),
         ))
     return format_table(header, table) + "".join(f"({n})\n" for n in notes)
 

@@ -25,13 +25,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def isolated_environment(tmp_path, monkeypatch):
+    """Every test keeps its ledgers, inventories and known_hosts in its own LAUNCH_HOME (an
+    exported LAUNCH_HOME, a real cluster's, is never read or written), and sees no AWS_*
+    variable, AWS config file or instance metadata of the caller: `aws_env` and `offline_env`
+    set exactly what a test needs. The CLI run by `run_launch` inherits this environment."""
+    home = tmp_path / "launch-home"
+    monkeypatch.setenv("LAUNCH_HOME", str(home))
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return home
+
+
 @pytest.fixture(scope="session")
 def moto_url(tmp_path_factory):
     if not MOTO_SERVER.exists():
         pytest.fail(f"{MOTO_SERVER} is missing: install the test extras (moto[server])")
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    env = {**os.environ,
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+           # The caller's AWS profile or endpoint must not reach moto's own boto3 calls.
+           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            # Real EC2 rejects unknown key pairs at RunInstances; moto does only when asked to.
            "MOTO_ENABLE_KEYPAIR_VALIDATION": "true"}
     with open(log, "w") as out:
@@ -76,7 +94,8 @@ def aws_env(moto_url, tmp_path, monkeypatch):
         # Nothing answers here: a test that forgets --ssh-cidr fails fast instead of reaching out.
         "LAUNCH_PUBLIC_IP_URL": f"http://127.0.0.1:{free_port()}/",
     }
-    for key in ("AWS_PROFILE", "AWS_REGION", "AWS_SESSION_TOKEN"):
+    for key in ("AWS_PROFILE", "AWS_REGION", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS",
+                "AWS_RETRY_MODE", "AWS_CA_BUNDLE", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -112,7 +131,7 @@ def offline_env(tmp_path, monkeypatch):
         "LAUNCH_PUBLIC_IP_URL": f"http://127.0.0.1:{free_port()}/",
     }
     for key in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+                "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -4,10 +4,13 @@ Results are checked through the EC2 API (boto3 against the same server), not thr
 moto's instances have made-up addresses nothing answers on, so these runs pass --no-wait-ssh
 (except the Ctrl-C test, which interrupts that very wait) and --skip-setup. moto lacks
 CreatePlacementGroup, so multi-node runs pass --no-placement-group (test_stubbed.py covers it).
+moto's Service Quotas knows no EC2 quotas: the vCPU check is "unknown" here (a warning), the
+Elastic IP check is real (DescribeAccountAttributes: vpc-max-elastic-ips 5).
 """
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -23,8 +26,9 @@ import pytest
 
 from launcher import catalog
 from launcher.inventory import load_inventory
+from launcher.provision import ttl
 from launcher.provision.ledger import Ledger
-from launcher.provision.plan import ProvisionSpec, SiteFacts, plan_provision
+from launcher.provision.plan import ProvisionSpec, SiteFacts, Zone, plan_provision
 from launcher.provision.provisioner import Provisioner
 
 CIDR = "203.0.113.7/32"
@@ -79,6 +83,7 @@ def test_provision_two_instances_writes_inventory_tags_and_rules(two_nodes, ec2,
     volume_ids = [m["Ebs"]["VolumeId"] for i in made for m in i["BlockDeviceMappings"]]
     volumes = ec2.describe_volumes(VolumeIds=volume_ids)["Volumes"]
     assert {tags(v)["launch:cluster"] for v in volumes} == {"demo"}
+    assert {v["Encrypted"] for v in volumes} == {True}
 
     [group] = groups(ec2, "demo")
     assert group["GroupName"] == "launch-demo"
@@ -97,26 +102,71 @@ def test_provision_two_instances_writes_inventory_tags_and_rules(two_nodes, ec2,
     assert {g["GroupId"] for i in made for n in i["NetworkInterfaces"] for g in n["Groups"]} == \
         {group["GroupId"]}
 
+    # One public address per cluster: the head's Elastic IP; demo-1 has none and is reached
+    # through the head.
+    [address] = ec2.describe_addresses(
+        Filters=[{"Name": "tag:launch:cluster", "Values": ["demo"]}])["Addresses"]
     inventory = tmp_path / "launch-home" / "clusters" / "demo" / "inventory.yml"
     nodes = load_inventory(inventory)
-    by_id = {i["InstanceId"]: i for i in made}
+    by_id = {i["InstanceId"]: i for i in instances(ec2, "demo")}
     assert [n.name for n in nodes] == ["demo-0", "demo-1"]
+    head, worker = nodes
+    head_interfaces = {n["NetworkInterfaceId"] for n in
+                       by_id[head.extra["instance_id"]]["NetworkInterfaces"]}
+    assert address["NetworkInterfaceId"] in head_interfaces
+    assert (head.address, head.private_address) == \
+        (address["PublicIp"], by_id[head.extra["instance_id"]]["PrivateIpAddress"])
+    assert "PublicIpAddress" not in by_id[worker.extra["instance_id"]]
+    assert worker.address == worker.private_address == \
+        by_id[worker.extra["instance_id"]]["PrivateIpAddress"]
+    assert f"-W %h:%p ubuntu@{head.address}" in worker.extra["ansible_ssh_common_args"]
+    assert "ProxyCommand" not in head.extra["ansible_ssh_common_args"]
     for node in nodes:
         inst = by_id[node.extra["instance_id"]]
-        assert (node.address, node.private_address) == \
-            (inst["PublicIpAddress"], inst["PrivateIpAddress"])
         assert (node.user, node.gpus, node.python, node.instance_type) == \
             ("ubuntu", 1, "/opt/launch/venv/bin/python", "g6e.xlarge")
         assert tags(inst)["Name"] == node.name
     assert f"inventory   {inventory}" in two_nodes.stdout
     assert "tear down   launch teardown --cluster demo" in two_nodes.stdout
-    assert "$3.72 per hour" in two_nodes.stdout
+    assert "$3.72 per hour (us-east-1 on-demand list price, EC2 on-demand price page, " \
+           "2025-05)" in two_nodes.stdout
+    assert f"via {head.address}" in two_nodes.stdout
 
     record = ledger(tmp_path, "demo")
     assert record["status"] == "ready"
     live = sorted((r["kind"], r["id"]) for r in record["resources"] if r["state"] == "created")
-    assert live == sorted([("security-group", group["GroupId"])] +
+    assert live == sorted([("security-group", group["GroupId"]),
+                           ("elastic-ip", address["AllocationId"])] +
                           [("instance", i["InstanceId"]) for i in made])
+
+
+def test_ttl_is_the_shutdown_behaviour_and_the_user_data(run_launch, ec2, key_pair, ubuntu_ami):
+    run_launch(*base("ttl", key_pair, ubuntu_ami, "--instance", "g6e.xlarge", "--ttl", "8h",
+                     "--no-wait-ssh"), check=True)
+    [inst] = instances(ec2, "ttl")
+    expires = tags(inst)["launch:expires-at"]
+    created = tags(inst)["launch:created-at"]
+    assert (datetime.fromisoformat(expires[:-1]) - datetime.fromisoformat(created[:-1])) \
+        .total_seconds() == 8 * 3600
+    behaviour = ec2.describe_instance_attribute(
+        InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+    assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    user_data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"],
+                                                Attribute="userData")["UserData"]["Value"]
+    script = base64.b64decode(user_data).decode()
+    assert script == ttl.user_data(expires)
+    assert script.endswith(f"/usr/local/sbin/launch-ttl {expires}\n")
+
+
+def test_expired_nodes_ended_themselves_and_teardown_removes_the_rest(two_nodes, run_launch,
+                                                                     ec2, tmp_path):
+    """What the node-side timer leads to: the instances terminate themselves; the security
+    group and the Elastic IP stay until `launch teardown`, which still finds and deletes them."""
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in instances(ec2, "demo")])
+    done = run_launch("teardown", "--cluster", "demo", check=True)
+    assert "Cluster demo torn down in us-east-1: deleted 2 resource(s)." in done.stdout
+    assert groups(ec2, "demo") == [] and ec2.describe_addresses()["Addresses"] == []
+    assert ledger(tmp_path, "demo")["status"] == "deleted"
 
 
 def test_provisioning_twice_creates_nothing_new(two_nodes, run_launch, ec2, key_pair, ubuntu_ami,
@@ -161,7 +211,8 @@ def test_teardown_leaves_nothing_and_is_safe_to_repeat(two_nodes, run_launch, ec
     assert "DryRun ok" in plan.stdout and len(instances(ec2, "demo")) == 2
 
     done = run_launch("teardown", "--cluster", "demo", check=True)
-    assert "Cluster demo torn down in us-east-1: deleted 3 resource(s)." in done.stdout
+    # Two instances, the security group and the head's Elastic IP.
+    assert "Cluster demo torn down in us-east-1: deleted 4 resource(s)." in done.stdout
     assert instances(ec2, "demo", states=("pending", "running", "stopping", "stopped")) == []
     assert [i["State"]["Name"] for i in instances(ec2, "demo", states=("terminated",))] == \
         ["terminated", "terminated"]
@@ -247,6 +298,8 @@ def test_dry_run_creates_nothing_and_checks_permissions(run_launch, ec2, key_pai
     assert "Provision plan for cluster dry" in proc.stdout
     assert "    ok   CreateSecurityGroup: would succeed (security group launch-dry)" in proc.stdout
     assert "    ok   RunInstances: would succeed (2 x g6e.xlarge in us-east-1a)" in proc.stdout
+    assert "    ok   AllocateAddress: would succeed (an Elastic IP for the head)" in proc.stdout
+    assert "zones to try       us-east-1a, us-east-1b, us-east-1c, us-east-1d" in proc.stdout
     assert "Dry run: nothing was created." in proc.stdout
     assert ec2.describe_instances()["Reservations"] == []
     assert groups(ec2, "dry") == []
@@ -264,7 +317,8 @@ def test_dry_run_creates_nothing_and_checks_permissions(run_launch, ec2, key_pai
 def test_offline_dry_run_needs_no_credentials(run_launch, offline_env):
     proc = run_launch("provision", "--instance", "p4d.24xlarge", "--count", "2", "--cluster",
                       "lab", "--dry-run", check=True)
-    assert "placement group    launch-lab (cluster strategy)" in proc.stdout
+    assert "placement group    launch-lab-<zone> (cluster strategy, one per zone tried)" \
+        in proc.stdout
     assert "not looked up: no AWS credentials" in proc.stdout
     assert "not looked up: SSH CIDR: could not find this machine's public address" in proc.stdout
     keyless = run_launch("provision", "--instance", "p4d.24xlarge", "--cluster", "lab")
@@ -277,24 +331,72 @@ def test_offline_dry_run_needs_no_credentials(run_launch, offline_env):
 def test_p4d_nodes_get_elastic_ips_that_teardown_releases(run_launch, ec2, key_pair,
                                                           ubuntu_ami, tmp_path):
     run_launch(*base("big", key_pair, ubuntu_ami, "--instance", "p4d.24xlarge", "--count", "2",
-                     "--no-placement-group", "--no-wait-ssh"), check=True)
+                     "--public-ip", "all", "--no-placement-group", "--no-wait-ssh"), check=True)
     made = instances(ec2, "big")
     addresses = ec2.describe_addresses(
         Filters=[{"Name": "tag:launch:cluster", "Values": ["big"]}])["Addresses"]
     assert len(made) == 2 and len(addresses) == 2
     primaries = {n["NetworkInterfaceId"] for i in made for n in i["NetworkInterfaces"]
-                 if n["Attachment"]["DeviceIndex"] == 0}
+                 if n["Attachment"]["DeviceIndex"] == 0
+                 and n["Attachment"].get("NetworkCardIndex", 0) == 0}
     assert {a["NetworkInterfaceId"] for a in addresses} == primaries
     nodes = load_inventory(tmp_path / "launch-home" / "clusters" / "big" / "inventory.yml")
     assert sorted(n.address for n in nodes) == sorted(a["PublicIp"] for a in addresses)
     assert {n.gpus for n in nodes} == {8}
     run_launch(*base("big", key_pair, ubuntu_ami, "--instance", "p4d.24xlarge", "--count", "2",
-                     "--no-placement-group", "--no-wait-ssh"), check=True)
+                     "--public-ip", "all", "--no-placement-group", "--no-wait-ssh"), check=True)
     assert len(ec2.describe_addresses()["Addresses"]) == 2   # the re-run allocated none
 
     run_launch("teardown", "--cluster", "big", check=True)
     assert ec2.describe_addresses()["Addresses"] == []
     assert instances(ec2, "big") == [] and groups(ec2, "big") == []
+
+
+def test_six_p4d_with_five_free_elastic_ips(run_launch, ec2, key_pair, ubuntu_ami, tmp_path):
+    """--public-ip all would need 6 Elastic IPs where the region allows 5: refused before any
+    creating call. The default (head) allocates exactly one."""
+    args = base("six", key_pair, ubuntu_ami, "--instance", "p4d.24xlarge", "--count", "6",
+                "--no-placement-group", "--no-wait-ssh")
+    refused = run_launch(*args, "--public-ip", "all")
+    assert refused.returncode == 2, refused.stderr
+    assert ("cluster six does not fit the account's quotas in us-east-1, so nothing was "
+            "created: EC2-VPC Elastic IPs (L-0263D0A3) needs 6 Elastic IPs but only 5 of 5 are "
+            "free (0 in use); release unused addresses") in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert groups(ec2, "six") == [] and ec2.describe_instances()["Reservations"] == []
+    assert ec2.describe_addresses()["Addresses"] == []
+    assert not (tmp_path / "launch-home" / "clusters" / "six" / "ledger.json").exists()
+
+    run_launch(*args, check=True)
+    assert len(instances(ec2, "six")) == 6
+    [address] = ec2.describe_addresses()["Addresses"]
+    head = load_inventory(tmp_path / "launch-home" / "clusters" / "six" / "inventory.yml")[0]
+    assert (head.name, head.address) == ("six-0", address["PublicIp"])
+
+
+def test_p5en_dry_run_plans_the_efa_layout_ec2_describes(run_launch, ec2, key_pair, ubuntu_ami):
+    proc = run_launch(*base("p5en", key_pair, ubuntu_ami, "--instance", "p5en.48xlarge",
+                            "--count", "2", "--dry-run", "--json"))
+    data = json.loads(proc.stdout)
+    plan = data["plan"]
+    assert plan["count"] == 2 and plan["instance"]["instance_type"] == "p5en.48xlarge"
+    assert plan["instance"]["source"] == "built-in + DescribeInstanceTypes us-east-1"
+    # DescribeInstanceTypes: 16 network cards, each taking interface, efa and efa-only, at most
+    # 16 EFA interfaces: one EFA with the instance's address, 15 EFA-only without.
+    assert [(n["card"], n["device"], n["kind"]) for n in plan["interfaces"]] == \
+        [(0, 0, "efa")] + [(c, 0, "efa-only") for c in range(1, 16)]
+    # moto offers p5en in two zones of us-east-1.
+    assert [z["az"] for z in plan["site"]["zones"]] == ["us-east-1a", "us-east-1c"]
+    assert plan["placement_group"] == "launch-p5en-us-east-1a"
+    # Every DryRun check passes but CreatePlacementGroup, which moto does not implement (the
+    # Stubber tests cover it); a failed check makes the dry run exit 1.
+    assert {c["operation"]: c["ok"] for c in data["checks"]} == {
+        "CreateSecurityGroup": True, "CreatePlacementGroup": False, "RunInstances": True,
+        "AllocateAddress": True}
+    assert proc.returncode == 1
+    assert ("us-east-1: 1 problem(s): placement group launch-p5en-us-east-1a: no usable answer "
+            "(ResponseParserError)") in proc.stderr
+    assert ec2.describe_instances()["Reservations"] == []
 
 
 class _AddressEcho(http.server.BaseHTTPRequestHandler):
@@ -373,7 +475,7 @@ def test_instances_of_a_launch_whose_answer_was_lost_are_cleaned_up(ec2, ubuntu_
     ec2.run_instances(ImageId=ubuntu_ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1,
                       ClientToken="launch-lost-0000", TagSpecifications=[
                           {"ResourceType": "instance", "Tags": cluster_tags}])
-    site = SiteFacts(region="us-east-1", az="us-east-1a", subnet_id="subnet-x", vpc_id="vpc-x",
+    site = SiteFacts(region="us-east-1", zones=(Zone("us-east-1a", "subnet-x", "vpc-x"),),
                      ami_id=ubuntu_ami, ami_description="ubuntu", root_device="/dev/sda1",
                      ssh_cidr=CIDR)
     plan = plan_provision(ProvisionSpec(cluster="lost", instance_type="g6e.xlarge", count=3,
@@ -382,7 +484,7 @@ def test_instances_of_a_launch_whose_answer_was_lost_are_cleaned_up(ec2, ubuntu_
     said: list[str] = []
     worker = Provisioner(ec2, plan, Ledger.open("lost", "us-east-1", home=tmp_path),
                          wait_ssh=False, keep_on_failure=False, say=said.append)
-    worker.unanswered.append("launch-lost-0001")
+    worker.unanswered["launch-lost-0001"] = 2
     interrupt = KeyboardInterrupt()
     assert worker.clean_up_after(interrupt) is interrupt
     left = instances(ec2, "lost", states=("pending", "running"))
