@@ -15,8 +15,18 @@ from collections.abc import Callable
 from launcher.backends.base import Backend, GroupResult, LaunchOptions, NodeResult, print_plan
 from launcher.errors import LauncherError
 
-__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "add_where_arguments",
-           "backend_from_args", "print_plan"]
+__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "add_ssh_arguments",
+           "add_where_arguments", "backend_from_args", "print_plan"]
+
+
+def add_ssh_arguments(parser) -> None:
+    """The host-key flags of every command that reaches nodes over SSH."""
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="SSH: record unknown host keys in known_hosts, like OpenSSH's "
+                             "accept-new (a changed key is always refused)")
+    parser.add_argument("--known-hosts",
+                        help="SSH: known_hosts file (default: the inventory's "
+                             "UserKnownHostsFile, else ~/.ssh/known_hosts)")
 
 
 def add_where_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +41,7 @@ def add_where_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", metavar="PATTERN",
                         help="with -i/--cluster: only these hosts (an Ansible host pattern, "
                              "e.g. gpu-0* or node1,node2)")
-    parser.add_argument("--accept-new-host-keys", action="store_true",
-                        help="SSH: record unknown host keys in known_hosts, like OpenSSH's "
-                             "accept-new (a changed key is always refused)")
-    parser.add_argument("--known-hosts",
-                        help="SSH: known_hosts file (default: the inventory's "
-                             "UserKnownHostsFile, else ~/.ssh/known_hosts)")
+    add_ssh_arguments(parser)
 
 
 def _inventory_path(args) -> str | None:

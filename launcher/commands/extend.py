@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.commands.common import add_ssh_arguments, aws_command
+from launcher.backends import add_ssh_arguments
+from launcher.commands.common import aws_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
