@@ -16,6 +16,7 @@ from launcher.errors import LauncherError
 
 COMMANDS = [
     "run",
+    "runs",
     "recipes",
     "init",
     "lab",

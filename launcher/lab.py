@@ -303,8 +303,12 @@ class Lab:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise LabError(f"{path}: not a lab folder ({err})") from None
-        data["hosts"] = [LabHost(**h) for h in data["hosts"]]
-        return cls(**data)
+        try:
+            data["hosts"] = [LabHost(**h) for h in data["hosts"]]
+            return cls(**data)
+        except (TypeError, KeyError) as err:
+            raise LabError(f"{path}: not a lab this launch made ({err}); remove its network "
+                           "namespaces with `ip netns` and the folder by hand") from None
 
     def destroy(self) -> None:
         """Remove everything the lab made; safe to call twice and after a partial build."""

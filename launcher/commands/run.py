@@ -50,6 +50,10 @@ def main(args) -> int:
         print_plan(backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir,
                                 rdzv_port=args.rdzv_port), args.json)
         return 0
+    from launcher.leftovers import abandoned_warnings
+
+    for warning in abandoned_warnings(args.runs_dir):
+        print(f"launch: warning: {warning}", file=sys.stderr)
     backend.launch(recipe, nodes, run_id, LaunchOptions(args.runs_dir, args.grace),
                    rdzv_port=args.rdzv_port)
     return 0

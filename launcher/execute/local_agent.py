@@ -10,16 +10,19 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.leftovers import pids_with_env
 from launcher.plan import NodeCommand
 from launcher.runfolder import STAMP_ENV
-# Runs first in each agent's process, then becomes the agent (exec): the kernel sends the
-# agent SIGTERM when launch dies, even by SIGKILL, and torchrun then stops its workers (whose
-# own parent-death signal is set by train/main.py). Without it a killed launch left both
-# agents and their workers training for minutes, unsupervised. Done here rather than in
-# Popen's preexec_fn, which is unsafe while the output reader threads run.
+# Runs first in each agent's process, then becomes the agent (exec): the kernel kills the
+# agent when launch dies, even by SIGKILL, and its workers follow (their own parent-death
+# signal is set by train/main.py). Without it a killed launch left both agents and their
+# workers training for minutes, unsupervised. SIGKILL, not SIGTERM: nobody is left to collect
+# a graceful exit, and torchrun given SIGTERM was seen hanging at exit on its --tee log
+# threads. Done here rather than in Popen's preexec_fn, which is unsafe while the output
+# reader threads run.
 DIE_WITH_LAUNCH = r"""
 import ctypes, os, signal, sys
-ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 if os.getppid() != int(sys.argv[1]):
     sys.exit(1)  # launch died before prctl took effect
 os.execvp(sys.argv[2], sys.argv[2:])
@@ -89,21 +92,6 @@ def reap_run(stamp: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def pids_with_env(key: str, value: str) -> list[int]:
-    """Processes of this user whose environment has key=value."""
-    needle = f"{key}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -24,8 +24,9 @@ PGID_FILE = "launch.pgid"
 # group id every process of the node agent shares; recorded before torchrun replaces it.
 # The watchdog holds the SSH session's stdin, which only ends when the session does: if
 # launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
-# (SIGTERM, SIGKILL 10 s later) instead of leaving the node training unsupervised. When the
-# agent ends first, the watchdog finds it gone and leaves at once.
+# (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
+# log threads) instead of leaving the node training unsupervised. When the agent ends first,
+# the watchdog finds it gone and leaves at once.
 START_SCRIPT = """cd "$1" || exit 97
 echo $$ > "$2"
 shift 2
@@ -34,9 +35,9 @@ exec 3<&0
   trap '' TERM
   while read -r _; do :; done
   kill -0 $$ 2>/dev/null || exit 0
-  kill -TERM -- -$$ 2>/dev/null
-  sleep 10
-  kill -KILL -- -$$ 2>/dev/null
+  kill -s TERM -- -$$ 2>/dev/null
+  sleep 3
+  kill -s KILL -- -$$ 2>/dev/null
 ) <&3 >/dev/null 2>&1 &
 exec "$@" </dev/null 3<&-
 """

@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.lab]
 
 def test_demo_over_ssh_matches_local_run_and_collects_logs(lab, run_launch, repo_root, tmp_path,
                                                            demo_local_run):
-    proc = run_launch("run", "--nodes", "2", str(repo_root / "launcher/recipes/vit-tiny-local.yml"),
-                      "-i", str(lab.inventory), "--run-id", "ssh-demo", timeout=600)
+    proc = run_launch("run", "--nodes", "2", "vit-tiny-local", "-i", str(lab.inventory),
+                      "--run-id", "ssh-demo", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = tmp_path / "runs/ssh-demo"
     summary = json.loads((run / "summary.json").read_text())
