@@ -1,15 +1,21 @@
 """Preflight: check every node before any rank starts, in parallel, and report all problems.
 
 SSH reachable with the inventory's key, host key known (or recorded when asked), the node's
-interpreter imports torch (version, CUDA, GPU count), versions agree across nodes, the
-recipe's processes fit the GPUs, the private address is the node's own, the rendezvous port
-is free on the head.
+interpreter has torch (version, CUDA, GPU count), versions agree across nodes, the recipe's
+processes fit the GPUs, the private address is the node's own, the rendezvous port is free on
+the head, and the code launch shipped arrived intact.
+
+One round trip of work per node: the code is uploaded first (into the run's folder on the
+node, removed again if preflight fails), then one probe reports the facts and the hash of what
+arrived. The probe imports torch only when its cached facts no longer fit (measured on the
+8-host lab: the probe's torch import was most of launch's overhead over a bare ssh fan-out).
 """
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric import Connection
@@ -21,10 +27,17 @@ from launcher.ssh import HostProblem, SshOptions, connect, remote
 
 # Runs on the node with its own interpreter; argv: private address, port to test (0: none),
 # the node's env file (what `launch setup`, role efa, writes for NCCL on EFA nodes: KEY=VALUE
-# lines, no expansion; LD_LIBRARY_PATH goes in front of the node's own).
+# lines, no expansion; LD_LIBRARY_PATH goes in front of the node's own), then the shipped code
+# folder and its files to hash (none: no hash).
+#
+# torch's facts (version, CUDA build, GPUs it sees) cost a torch import, ~1.5 s of CPU. They are
+# cached in ~/.cache/launch/torch-facts.json under a key of everything that could change them:
+# the interpreter, torch's installed version and its folder's mtime, the NVIDIA driver's
+# version, the GPU devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
 PROBE = r"""
-import json, os, socket, subprocess, sys
+import hashlib, json, os, socket, subprocess, sys
 addr, port, env_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+code_dir, files = (sys.argv[4], sys.argv[5:]) if len(sys.argv) > 4 else (None, [])
 out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname()}
 env = {}
 try:
@@ -38,13 +51,54 @@ except OSError:
 if env.get("LD_LIBRARY_PATH") and os.environ.get("LD_LIBRARY_PATH"):
     env["LD_LIBRARY_PATH"] += ":" + os.environ["LD_LIBRARY_PATH"]
 out["env"] = env
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    out["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-except Exception as err:
-    out["torch_error"] = f"{type(err).__name__}: {err}"
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+def torch_facts():
+    import importlib.metadata, importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"torch_error": "ModuleNotFoundError: No module named 'torch'"}
+    folder = list(spec.submodule_search_locations)[0]
+    try:
+        gpus_dir = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus_dir = []
+    key = json.dumps([sys.executable, importlib.metadata.version("torch"),
+                      os.stat(folder).st_mtime_ns, read("/proc/driver/nvidia/version"),
+                      gpus_dir, os.environ.get("CUDA_VISIBLE_DEVICES")])
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "launch", "torch-facts.json")
+    try:
+        with open(cache) as f:
+            cached = json.load(f)
+        if cached.get(key):
+            return dict(cached[key], cached=True)
+    except (OSError, ValueError, AttributeError):
+        cached = {}
+    try:
+        import torch
+        facts = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                 "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    except Exception as err:
+        return {"torch_error": f"{type(err).__name__}: {err}"}
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        if not isinstance(cached, dict):
+            cached = {}
+        cached[key] = facts
+        with open(cache + ".tmp", "w") as f:
+            json.dump(cached, f)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass
+    return facts
+
+out.update(torch_facts())
 try:
     listing = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
     out["addresses"] = []
@@ -66,6 +120,16 @@ if port:
         except OSError as err:
             out["port_free"] = False
             out["port_error"] = err.strerror
+if code_dir is not None:
+    digest = hashlib.sha256()
+    try:
+        for rel in files:
+            digest.update(rel.encode() + b"\0")
+            with open(os.path.join(code_dir, rel), "rb") as f:
+                digest.update(f.read() + b"\0")
+        out["code_sha256"] = digest.hexdigest()
+    except OSError as err:
+        out["code_error"] = str(err)
 print("LAUNCH-PROBE " + json.dumps(out))
 """
 
@@ -89,9 +153,11 @@ class PreflightFailed(LauncherError):
         super().__init__("\n".join(lines))
 
 
-def probe(conn: Connection, node: Node, port: int) -> dict:
+def probe(conn: Connection, node: Node, port: int,
+          code: tuple[str, list[str]] | None = None) -> dict:
+    extra = [code[0], *code[1]] if code else []
     result = conn.run(remote(node.python, "-c", PROBE, node.private_address, str(port),
-                             node.env_file),
+                             node.env_file, *extra),
                       hide=True, warn=True, in_stream=False, timeout=120)
     for line in result.stdout.splitlines():
         if line.startswith("LAUNCH-PROBE "):
@@ -104,8 +170,14 @@ def probe(conn: Connection, node: Node, port: int) -> dict:
                                  f"{detail[0]}")
 
 
-def check_node(node: Node, facts: dict, is_head: bool, port: int) -> list[HostProblem]:
+def check_node(node: Node, facts: dict, is_head: bool, port: int,
+               code_hash: str | None = None) -> list[HostProblem]:
     problems = []
+    if code_hash is not None and facts.get("code_sha256") != code_hash:
+        got = facts.get("code_sha256") or facts.get("code_error") or "(nothing)"
+        problems.append(HostProblem(node.name, f"the code on the node hashes to {got[:40]}, "
+                                               f"launch's copy to {code_hash[:12]}: the copy "
+                                               "did not arrive intact (disk full?)"))
     if "torch_error" in facts:
         problems.append(HostProblem(node.name, f"{node.python} cannot import torch "
                                                f"({facts['torch_error']}): run `launch setup` or "
@@ -126,29 +198,53 @@ def check_node(node: Node, facts: dict, is_head: bool, port: int) -> list[HostPr
     return problems
 
 
-def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions,
-              rdzv_port: int) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
-    """Open a connection to every node and check it. Raises PreflightFailed with every
-    problem of every node; on success the connections stay open for the run."""
+@dataclass(frozen=True)
+class Shipment:
+    """What preflight uploads to every node before probing it: the code (relative `files` of
+    `local_dir`) into `<remote_dir(node)>/code`, and the recipe file beside it."""
+
+    local_dir: object            # pathlib.Path of the folder holding train/
+    files: list[str]
+    sha256: str
+    remote_dir: Callable[[Node], str]
+    recipe_file: object = None   # pathlib.Path or None
+
+
+def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
+              shipment: Shipment | None = None
+              ) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
+    """Open a connection to every node, upload the shipment, check the node and what arrived.
+    Raises PreflightFailed with every problem of every node (and removes what was uploaded);
+    on success the connections stay open for the run."""
+    from launcher.backends.base import in_parallel
+    from launcher.execute.remote_agent import remove_tree, upload
+
     conns: dict[str, Connection] = {}
     raw: dict[str, dict] = {}
     problems: list[HostProblem] = []
+    by_name = {n.name: n for n in nodes}
 
-    def one(node: Node):
+    def one(name: str):
+        node = by_name[name]
         conn = connect(node, options)
-        conns[node.name] = conn
-        raw[node.name] = probe(conn, node, rdzv_port if node is nodes[0] else 0)
+        conns[name] = conn
+        code = None
+        if shipment is not None:
+            where = shipment.remote_dir(node)
+            upload(conn, where, shipment.local_dir, shipment.files, shipment.recipe_file)
+            code = (posixpath.join(where, "code"), shipment.files)
+        raw[name] = probe(conn, node, rdzv_port if node is nodes[0] else 0, code)
 
-    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        futures = {node.name: pool.submit(one, node) for node in nodes}
+    answers = in_parallel(one, list(by_name))
+    expected = shipment.sha256 if shipment else None
     for node in nodes:
-        err = futures[node.name].exception()
+        err = answers[node.name]
         if isinstance(err, HostProblem):
             problems.append(err)
-        elif err is not None:
+        elif isinstance(err, Exception):
             problems.append(HostProblem(node.name, f"preflight failed: {err}"))
         else:
-            problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port)
+            problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port, expected)
     versions = {raw[n]["torch"] for n in raw if "torch" in raw[n]}
     if len(versions) > 1:
         per_host = ", ".join(f"{n}: {raw[n]['torch']}" for n in raw if "torch" in raw[n])
@@ -160,6 +256,9 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions,
         except LauncherError as err:
             problems.append(HostProblem("(all)", str(err)))
     if problems:
+        if shipment is not None:
+            in_parallel(lambda name: remove_tree(conns[name], shipment.remote_dir(by_name[name])),
+                        list(conns))
         close_all(conns)
         raise PreflightFailed(problems)
     facts = {

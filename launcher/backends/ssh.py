@@ -52,36 +52,17 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
 
 
 def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
-                      launch: LaunchOptions, recipe_file: str | None) -> dict:
-    """Ship, run and collect a planned run on open connections; returns the summary."""
-    from launcher.execute.remote_agent import (SshNodeProcess, code_files, content_hash,
-                                               fetch_tree, ship)
+                      launch: LaunchOptions, code: dict) -> dict:
+    """Run and collect a planned run on open connections (the code is on the nodes already,
+    checked by preflight); returns the summary."""
+    from launcher.execute.remote_agent import SshNodeProcess, fetch_tree
     from launcher.execute.runner import execute_plan
     from launcher.runfolder import RunFolder
 
-    by_name = {n.name: n for n in nodes}
     commands = {c.name: c for c in plan.nodes}
-    code_dir = trainer_code_dir()
-    files = code_files(code_dir)
-    local_hash = content_hash(code_dir, files)
     folder = RunFolder.create(launch.runs_dir, plan.run_id)
-
-    def ship_one(name: str) -> str:
-        return ship(conns[name], by_name[name], commands[name].cwd, code_dir, files,
-                    Path(recipe_file) if recipe_file else None)
-
-    shipped = in_parallel(ship_one, list(commands))
-    problems = [f"host {n}: copying the code failed: {r}" for n, r in shipped.items()
-                if isinstance(r, Exception)]
-    problems += [f"host {n}: the code on the node hashes to {r[:12] or '(nothing)'}, "
-                 f"launch's copy to {local_hash[:12]}"
-                 for n, r in shipped.items() if not isinstance(r, Exception) and r != local_hash]
-    if problems:
-        raise LauncherError(f"nothing was started (run folder {folder.root}):\n  "
-                            + "\n  ".join(problems))
     # Every node provably runs the same code: the hash each node computed is this one.
-    folder.write_json("code.json", {"sha256": local_hash, "files": files})
-
+    folder.write_json("code.json", code)
     procs = [SshNodeProcess(commands[n.name], n, conns[n.name], options, folder.stamp)
              for n in nodes]
     head = nodes[0]
@@ -132,15 +113,21 @@ class SshBackend:
 
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
                *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
-        """Preflight, plan with the nodes' facts, ship, run, collect."""
-        from launcher.preflight import close_all, preflight
+        """Preflight (the code shipped on the way), plan with the nodes' facts, run, collect."""
+        from launcher.execute.remote_agent import code_files, content_hash
+        from launcher.preflight import Shipment, close_all, preflight
 
         port = rdzv_port or recipe.rendezvous.port
-        conns, facts = preflight(nodes, recipe, self.options, port)
+        code_dir = trainer_code_dir()
+        files = code_files(code_dir)
+        recipe_file = Path(recipe.source) if Path(recipe.source).is_file() else None
+        shipment = Shipment(code_dir, files, content_hash(code_dir, files),
+                            lambda node: node_run_dir(node, run_id), recipe_file)
+        conns, facts = preflight(nodes, recipe, self.options, port, shipment)
         try:
             plan = plan_inventory(recipe, nodes, run_id, facts, rdzv_port=port, program=program)
             return execute_inventory(plan, nodes, conns, self.options, options,
-                                     recipe.source if Path(recipe.source).is_file() else None)
+                                     {"sha256": shipment.sha256, "files": files})
         finally:
             close_all(conns)
 

@@ -42,17 +42,6 @@ exec 3<&0
 exec "$@" </dev/null 3<&-
 """
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
-HASH_SCRIPT = r"""
-import hashlib, os, sys
-digest = hashlib.sha256()
-for rel in sys.argv[2:]:
-    digest.update(rel.encode() + b"\0")
-    with open(os.path.join(sys.argv[1], rel), "rb") as f:
-        digest.update(f.read() + b"\0")
-print(digest.hexdigest())
-"""
-
-
 def code_files(code_dir: Path) -> list[str]:
     """What every node gets: the trainer package (relative paths, sorted)."""
     return sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
@@ -66,20 +55,26 @@ def content_hash(base: Path, files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def ship(conn: Connection, node: Node, node_dir: str, code_dir: Path, files: list[str],
-         recipe_file: Path | None) -> str:
-    """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml); returns the
-    hash of the code as the node itself reads it back."""
+def upload(conn: Connection, node_dir: str, code_dir: Path, files: list[str],
+           recipe_file: Path | None) -> None:
+    """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml): one mkdir
+    and one SFTP session (the probe then hashes what arrived)."""
     remote_code = posixpath.join(node_dir, "code")
     dirs = sorted({posixpath.join(remote_code, posixpath.dirname(f)) for f in files})
     conn.run(remote("mkdir", "-p", node_dir, *dirs), hide=True, in_stream=False)
+    sftp = conn.sftp()
     for rel in files:
-        conn.put(str(code_dir / rel), posixpath.join(remote_code, rel))
+        sftp.put(str(code_dir / rel), posixpath.join(remote_code, rel))
     if recipe_file is not None:
-        conn.put(str(recipe_file), posixpath.join(node_dir, "recipe.yml"))
-    result = conn.run(remote(node.python, "-c", HASH_SCRIPT, remote_code, *files), hide=True,
-                      warn=True, in_stream=False)
-    return result.stdout.strip()
+        sftp.put(str(recipe_file), posixpath.join(node_dir, "recipe.yml"))
+
+
+def remove_tree(conn: Connection, node_dir: str) -> None:
+    """Remove what upload() put on the node (its run folder, and the run's folder when that
+    leaves it empty): preflight failed, nothing of the run may stay."""
+    parent = posixpath.dirname(node_dir.rstrip("/"))
+    conn.run(remote("sh", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; exit 0', "rm",
+                    node_dir, parent), hide=True, warn=True, in_stream=False, timeout=60)
 
 
 class _LineQueue:
