@@ -81,8 +81,11 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int) -> float:
     procs = []
     for cmd, node in zip(plan.nodes, nodes):
         env = [f"{k}={v}" for k, v in cmd.env.items()]
+        # By hand the head's agent hosts the rendezvous store (c10d's default), where launch
+        # runs it as a process of its own.
+        argv = [a.replace("is_host=0", "is_host=1") if cmd.is_head else a for a in cmd.argv]
         line = shlex.join(["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", cmd.cwd, "env",
-                           *env, *cmd.argv])
+                           *env, *argv])
         procs.append(subprocess.Popen([*ssh, f"root@{node.address}", line], text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     out = "".join(p.communicate(timeout=600)[0] for p in procs)

@@ -16,7 +16,7 @@ from launcher.backends.base import Backend, GroupResult, LaunchOptions, NodeResu
 from launcher.errors import LauncherError
 
 __all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "add_ssh_arguments",
-           "add_where_arguments", "backend_from_args", "print_plan"]
+           "add_where_arguments", "backend_from_args", "print_plan", "ssh_options"]
 
 
 def add_ssh_arguments(parser) -> None:
@@ -44,6 +44,13 @@ def add_where_arguments(parser: argparse.ArgumentParser) -> None:
     add_ssh_arguments(parser)
 
 
+def ssh_options(args):
+    """The SSH flags of `add_ssh_arguments` as launcher.ssh.SshOptions."""
+    from launcher.ssh import SshOptions
+
+    return SshOptions.from_args(args)
+
+
 def _inventory_path(args) -> str | None:
     if getattr(args, "cluster", None):
         from launcher.home import cluster_inventory
@@ -68,9 +75,8 @@ def backend_from_args(args, local_count: int, say: Callable[[str], None] = _stde
     inventory = _inventory_path(args)
     if inventory:
         from launcher.backends.ssh import SshBackend
-        from launcher.ssh import SshOptions
 
-        return SshBackend(inventory, SshOptions.from_args(args), limit=args.limit)
+        return SshBackend(inventory, ssh_options(args), limit=args.limit)
     if getattr(args, "limit", None):
         raise LauncherError("--limit selects hosts of an inventory: give it with -i or --cluster")
     from launcher.backends.local import LocalBackend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.backends import add_ssh_arguments
+from launcher.backends import add_ssh_arguments, ssh_options
 from launcher.commands.common import aws_command
 
 
@@ -35,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from launcher.provision.extend import extend
     from launcher.provision.plan import parse_duration
-    from launcher.ssh import SshOptions
 
     return extend(args.cluster, parse_duration(args.ttl), region=args.region,
-                  options=SshOptions.from_args(args), inventory=args.inventory)
+                  options=ssh_options(args), inventory=args.inventory)
