@@ -52,6 +52,10 @@ class Ledger:
             text = path.read_text()
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as err:
+            raise LedgerError(f"{path}: cannot read the ledger ({err}); move it away, then run "
+                              "`launch teardown` to find the cluster's resources by their "
+                              "tags") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -59,6 +63,12 @@ class Ledger:
                 f"{path}: the ledger is not valid JSON ({err}); fix or move it away, then run "
                 "`launch teardown` to find the cluster's resources by their tags"
             ) from None
+        if not isinstance(data, dict) or not isinstance(data.get("resources", []), list) \
+                or not isinstance(data.get("events", []), list):
+            raise LedgerError(
+                f"{path}: not a ledger launch wrote (expected an object with resources and "
+                "events); move it away, then run `launch teardown` to find the cluster's "
+                "resources by their tags")
         return cls(path, data)
 
     @classmethod

@@ -155,6 +155,14 @@ CASES = [
     Case("setup-e-binary", ["setup", "-i", "inv.yml", "-e", "@vars.bin", "--check"], 2,
          "-e @vars.bin", {"inv.yml": inventory(), "vars.bin": b"\x00\xff\xfe"}),
     Case("inspect-dev-zero", ["inspect", "/dev/zero"], 2, "/dev/zero", stream="stderr"),
+    Case("inspect-long-line", ["inspect", "long.log"], 2, "long.log",
+         {"long.log": "# nThread 1 " + "x" * 200_000 + "\n"}),
+    # ---- AWS inputs (nothing reaches AWS: the values are refused first)
+    *[Case(f"ttl-{ttl}", ["provision", "--instance", "p4d.24xlarge", f"--ttl={ttl}",
+                          "--dry-run"], 2, f"--ttl '{ttl}' is not a duration")
+      for ttl in ("nan", "inf", "1e12")],
+    Case("ledger-is-a-list", ["teardown", "--cluster", "x"], 2, "not a ledger launch wrote",
+         {"home/clusters/x/ledger.json": "[1, 2]"}),
 ]
 
 
