@@ -22,6 +22,7 @@ COMMANDS = [
     "inspect",
     "bench",
     "topo",
+    "check",
     "report",
     "catalog",
     "provision",
