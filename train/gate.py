@@ -42,6 +42,9 @@ def timed_all_reduce(group, count: int, dtype, device, warmup: int, iters: int, 
     A slow link shows in its first operation: the group agrees on how many to time from the
     slowest rank's first one, so a link at a few Mbit/s costs seconds, not minutes."""
     tensor = torch.ones(count, dtype=dtype, device=device)
+    if device.type == "cuda":
+        # NCCL sets up a group's communicator on its first collective: not a link's speed.
+        dist.all_reduce(tensor, group=group)
     sync()
     started = time.perf_counter()
     dist.all_reduce(tensor, group=group)

@@ -284,6 +284,13 @@ def check_fabric(probe: dict, report: SmiReport, expect: Expectation) -> Check:
 # ------------------------------------------------------------------------------ network
 
 
+def efa_devices(probe: dict) -> list[str]:
+    """EFA devices as libfabric lists them, else as the kernel has them bound."""
+    answer = probe.get("fi_info") or {}
+    info = parse_fi_info((answer.get("stdout") or "") + "\n" + (answer.get("stderr") or ""))
+    return info.devices or list(probe.get("efa_sysfs") or [])
+
+
 def check_efa(probe: dict, expect: Expectation) -> Check:
     answer = probe.get("fi_info") or {}
     info = parse_fi_info((answer.get("stdout") or "") + "\n" + (answer.get("stderr") or ""))
@@ -456,8 +463,7 @@ def node_checks(probe: dict, expect: Expectation) -> dict[str, Check]:
         checks["nvlink"] = check_nvlink(probe, expect)
         checks["fabric"] = check_fabric(probe, report, expect)
     checks["efa"] = check_efa(probe, expect)
-    efa_found = checks["efa"].status == OK and not checks["efa"].evidence.startswith("no ")
-    checks["memlock"] = check_memlock(probe, expect, efa_found)
+    checks["memlock"] = check_memlock(probe, expect, bool(efa_devices(probe)))
     checks["iface"] = check_iface(probe, expect)
     checks["disk"] = check_disk(probe, expect)
     return checks

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import resources
 
 from launcher.backends.base import Backend, NodeResult, in_parallel
 from launcher.check import health
 from launcher.check.health import Check, expectation
 from launcher.inventory import Node
 
-PROBE_SOURCE = Path(__file__).with_name("node_probe.py")
+# The script's text, sent as `python -c`: the node needs nothing of launch installed.
+PROBE_SOURCE = resources.files("launcher.check") / "node_probe.py"
 MARK = "LAUNCH-CHECK "
 # Every tool in the probe has 20 s; torch's import a few more. A node that takes longer is
 # reported unreachable rather than holding the table back.
@@ -24,7 +25,6 @@ PROBE_TIMEOUT_S = 90.0
 class NodeHealth:
     node: Node
     checks: dict[str, Check] = field(default_factory=dict)
-    probe: dict | None = None          # the raw answer, for --json
 
     @property
     def failed(self) -> list[str]:
@@ -83,8 +83,8 @@ def check_nodes(backend: Backend, nodes: list[Node], *, min_free_bytes: int,
             continue
         probes[node.name] = answer
         offsets[node.name] = answer.get("time", arrived) - arrived
-        rows.append(NodeHealth(node, health.node_checks(answer, expectation(node, min_free_bytes)),
-                               answer))
+        rows.append(NodeHealth(node, health.node_checks(answer,
+                                                        expectation(node, min_free_bytes))))
     versions = health.check_versions(probes)
     clocks = health.check_clocks(offsets)
     for row in rows:

@@ -116,6 +116,9 @@ def main(args) -> int:
                     checks["busbw"] = busbw[host]
                 if host in transport:
                     checks["transport"] = transport[host]
+        else:
+            print(f"launch: gate: skipped: {len(gate_nodes)} reachable node(s), a collective "
+                  "needs two", file=out)
     if args.json:
         print(json.dumps(to_json(table, collective=gate.to_json() if gate else None), indent=2))
     else:
