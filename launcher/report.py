@@ -345,7 +345,8 @@ def _straggler_advice(training: dict | None) -> list[str]:
     if not nodes:
         return []
     where = ",".join(nodes)
-    return [f"look at {', '.join(nodes)} before the next run: `launch check --limit {where}` "
+    return [f"look at {', '.join(nodes)} before the next run: `launch check -i INVENTORY "
+            f"--limit {where}` "
             "(throttle, xid, ecc columns), other processes on it (`top`), a slower data path "
             "(data_s in summary.json's rank_times); or leave it out with --limit"]
 

@@ -10,6 +10,9 @@ over ranks). Rank 0 prints one line per size and writes OUT_DIR/bench-results.js
 turns that into nccl-tests' table, bandwidth.json and bandwidth.png. Imports nothing from
 launcher/, like train/main.py.
 
+With --gate it is the collective gate instead (train/gate.py): the last size over all nodes,
+then over node pairs until the slow node is named; rank 0 writes OUT_DIR/gate-results.json.
+
 Placements: torch.distributed has out-of-place forms of all_gather and reduce_scatter only;
 all_reduce and broadcast work in place, so their out-of-place column is not measured.
 """

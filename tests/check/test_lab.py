@@ -149,4 +149,4 @@ def test_a_rank_slowed_from_outside_is_named(lab3, tmp_path):
     assert slow["node"] == "host2" and slow["ratio"] > 1.25 and slow["intervals"] >= 3
     assert sorted(r["node"] for r in summary["rank_times"]) == ["host0", "host1", "host2"]
     report = (tmp_path / "runs/slowed/report.md").read_text()
-    assert "Straggler: node host2" in report and "launch check --limit host2" in report
+    assert "Straggler: node host2" in report and "--limit host2`" in report
