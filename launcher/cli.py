@@ -23,6 +23,7 @@ COMMANDS = [
     "inspect",
     "bench",
     "topo",
+    "check",
     "report",
     "catalog",
     "provision",

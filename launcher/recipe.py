@@ -161,6 +161,12 @@ class DDP(_Strict):
         return number
 
 
+class Gate(_Strict):
+    # The bus bandwidth (GB/s) every pair of nodes must reach in the collective gate (`launch
+    # run --gate`); unset: each node is judged against the others.
+    min_busbw_gbs: Number | None = Field(None, gt=0, allow_inf_nan=False)
+
+
 class Recipe(_Strict):
     name: str
     nodes: WholeNumber = Field(1, ge=1, le=MAX_NODES)
@@ -169,6 +175,7 @@ class Recipe(_Strict):
     env: dict[str, str | int | float | bool] = {}
     train: Train
     ddp: DDP = DDP()
+    gate: Gate = Gate()
     # Where the recipe came from; set by load_recipe, not part of the YAML.
     source: str = Field("<recipe>", exclude=True)
 

@@ -239,14 +239,18 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
     for name in dict.fromkeys([rank0, *names] if rank0 else names):
         result = _optional_json(run_dir / name / "result.json", warnings)
         if result is not None:
-            return {"source": f"{name}/result.json",
-                    "images_per_sec": result.get("images_per_sec"),
-                    "step_time_s": result.get("step_time_s"),
-                    "comm_wait_s": result.get("comm_wait_s"),
-                    "compute_s": result.get("compute_s"),
-                    "comm_share": result.get("comm_share"),
-                    "comm_hook": (result.get("ddp") or {}).get("comm_hook"),
-                    "auto": result.get("auto")}
+            out = {"source": f"{name}/result.json",
+                   "images_per_sec": result.get("images_per_sec"),
+                   "step_time_s": result.get("step_time_s"),
+                   "comm_wait_s": result.get("comm_wait_s"),
+                   "compute_s": result.get("compute_s"),
+                   "comm_share": result.get("comm_share"),
+                   "comm_hook": (result.get("ddp") or {}).get("comm_hook"),
+                   "auto": result.get("auto")}
+            if "stragglers" in result:   # trainers before straggler detection have none
+                out["stragglers"] = result["stragglers"]
+                out["rank_times"] = result.get("rank_times") or []
+            return out
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         return None
@@ -317,6 +321,10 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
     warnings += bench_warnings
     workload = _workload(plan)
     training = _training(run_dir, summary, names, warnings) if workload == "train" else None
+    for slow in (training or {}).get("stragglers") or []:
+        warnings.append(f"straggler: node {slow['node']} rank {slow['rank']}: its compute was "
+                        f"{slow['ratio']:g}x the median rank's for {slow['intervals']} log "
+                        "intervals: every step waited for it")
     backend = _backend(run_dir, nodes)
     return {
         "run_id": plan.get("run_id", run_dir.name),
@@ -333,8 +341,19 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
     }
 
 
+def _straggler_advice(training: dict | None) -> list[str]:
+    nodes = list(dict.fromkeys(s["node"] for s in (training or {}).get("stragglers") or []))
+    if not nodes:
+        return []
+    where = ",".join(nodes)
+    return [f"look at {', '.join(nodes)} before the next run: `launch check -i INVENTORY "
+            f"--limit {where}` "
+            "(throttle, xid, ecc columns), other processes on it (`top`), a slower data path "
+            "(data_s in summary.json's rank_times); or leave it out with --limit"]
+
+
 def _advice(entries: list[dict], training: dict | None) -> list[str]:
-    out = []
+    out = _straggler_advice(training)
     if len(entries) > 1 and any(e["efa"]["expected"] and e["efa"]["used"] is False
                                 for e in entries):
         out.append("make NCCL use EFA: the aws-ofi-nccl plugin must load (`launch setup`, role "
@@ -451,6 +470,15 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
                          f"step averages {tr['comm_wait_s']:.4f} s waiting and "
                          f"{tr['compute_s']:.4f} s the rest; comm hook "
                          f"{tr['comm_hook'] or 'unknown'}).")
+        for slow in tr.get("stragglers") or []:
+            lines.append(f"Straggler: node {slow['node']} rank {slow['rank']}: compute "
+                         f"{slow['ratio']:g}x the median rank's for {slow['intervals']} log "
+                         "intervals; every step waited for it.")
+        ranks = tr.get("rank_times") or []
+        if ranks and len(ranks) <= 16:
+            lines.append("Per rank, median compute / data wait / communication wait: " + "; ".join(
+                f"{r['node']} rank {r['rank']} {r['compute_s']:.4f} / {r['data_s']:.4f} / "
+                f"{r['comm_s']:.4f} s" for r in ranks) + ".")
         auto = tr.get("auto")
         if auto and auto.get("choice") == "undecided":
             lines.append(f"comm_hook auto is undecided: {auto['reason']}; the last steps used "

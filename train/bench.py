@@ -10,6 +10,9 @@ over ranks). Rank 0 prints one line per size and writes OUT_DIR/bench-results.js
 turns that into nccl-tests' table, bandwidth.json and bandwidth.png. Imports nothing from
 launcher/, like train/main.py.
 
+With --gate it is the collective gate instead (train/gate.py): the last size over all nodes,
+then over node pairs until the slow node is named; rank 0 writes OUT_DIR/gate-results.json.
+
 Placements: torch.distributed has out-of-place forms of all_gather and reduce_scatter only;
 all_reduce and broadcast work in place, so their out-of-place column is not measured.
 """
@@ -31,6 +34,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from train.gate import run_gate, write_results  # noqa: E402
 from train.main import die_with_parent, init_distributed  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -49,6 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--out-dir", default=".")
+    p.add_argument("--gate", action="store_true",
+                   help="the collective gate (train/gate.py): the last size over all nodes, "
+                        "then node pairs until the slow node is named")
+    p.add_argument("--floor-gbs", type=float,
+                   help="with --gate: the bus bandwidth every pair must reach (GB/s); without "
+                        "it a node is judged against the others")
+    p.add_argument("--timeout", type=float,
+                   help="seconds any collective may take before it fails (default: torch's)")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     return args
@@ -186,7 +198,7 @@ def save_topology(out_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args = parse_args(argv)
-    backend, device, local_rank = init_distributed(args.backend)
+    backend, device, local_rank = init_distributed(args.backend, args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     if device.type == "cuda" and local_rank == 0:
         save_topology(Path(args.out_dir))
@@ -199,6 +211,19 @@ def main(argv: list[str] | None = None) -> int:
 
     ranks = [None] * world
     dist.all_gather_object(ranks, describe_rank(args, local_rank, device))
+    if args.gate:
+        result = run_gate(size=args.sizes[-1], dtype=dtype, device=device, sync=sync,
+                          warmup=args.warmup_iters, iters=args.iters,
+                          floor_gbs=args.floor_gbs, timeout_s=args.timeout or 1800.0,
+                          ranks=ranks)
+        if rank == 0:
+            nccl = (".".join(str(v) for v in torch.cuda.nccl.version())
+                    if backend == "nccl" else None)
+            write_results(args.out_dir, {**result, "backend": backend, "dtype": args.dtype,
+                                         "torch": torch.__version__, "nccl_version": nccl,
+                                         "ranks": ranks})
+        dist.destroy_process_group()
+        return 0
     if rank == 0:
         print(f"bench {args.op} {args.dtype} on {world} rank(s), backend {backend}: "
               f"{len(args.sizes)} sizes", flush=True)

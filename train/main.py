@@ -19,6 +19,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from train.ddp import (AUTO, AutoCompression, DDPSettings, LinkProbe,  # noqa: E
                        choose_bucket_cap_mb, probe_link, wrap_ddp)
 from train.model import build_vit, count_parameters  # noqa: E402
 from train.options import add_options  # noqa: E402
+from train.stragglers import StragglerWatch  # noqa: E402
 
 WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
 
@@ -95,9 +97,12 @@ def evaluate(model, held_out, batch_size: int, device, rank: int, world: int, au
     return (correct[0] / correct[1]).item() if correct[1] > 0 else None
 
 
-def init_distributed(backend: str) -> tuple[str, torch.device, int]:
+def init_distributed(backend: str, timeout_s: float | None = None
+                     ) -> tuple[str, torch.device, int]:
     """Joins the process group torchrun set up: NCCL on this rank's GPU, else gloo on CPU
-    (`auto`). Returns the backend, the device and the local rank."""
+    (`auto`). Returns the backend, the device and the local rank. `timeout_s` bounds every
+    collective (torch's default is 30 minutes; the collective gate wants a hang to be an
+    answer)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and backend != "gloo"
     backend = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
@@ -106,7 +111,10 @@ def init_distributed(backend: str) -> tuple[str, torch.device, int]:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend)
+    if timeout_s is None:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return backend, device, local_rank
 
 
@@ -142,6 +150,7 @@ class Training:
     step_times: list[float] = field(default_factory=list)
     last_loss: float = float("nan")
     started: float = 0.0
+    watch: StragglerWatch | None = None   # every rank's own compute, for stragglers
 
     @property
     def epochs_total(self) -> int:
@@ -204,6 +213,7 @@ def setup(args: argparse.Namespace) -> Training:
         images_per_step=args.batch_size * world * args.grad_accum_steps,
         out_dir=Path(args.out_dir),
     )
+    run.watch = StragglerWatch(rank, world, device, local_rank)
     if rank == 0:
         run.out_dir.mkdir(parents=True, exist_ok=True)
         run.metrics_file = open(run.out_dir / "metrics.jsonl", "a")  # noqa: SIM115
@@ -242,6 +252,9 @@ def after_step(run: Training, dt: float) -> None:
     run.step += 1
     run.step_times.append(dt)
     run.comm.step_done(dt)
+    run.watch.step_done(run.step, dt, run.comm.steps[-1].comm_wait_s)
+    if run.step % run.args.log_every == 0 or run.step == run.total:
+        run.watch.end_interval(run.step)   # every rank: one small all_gather; rank 0 judges
     if run.step == max(WARMUP_STEPS_EXCLUDED, run.total // 2):
         # Bytes per step in steady state: after compression warm-up and auto's choice.
         run.sent.mark_start(run.step)
@@ -288,7 +301,7 @@ def train(run: Training) -> None:
     window = Window()
     while run.step < run.total:
         run.sampler.set_epoch(run.epoch)
-        batches = iter(run.loader)
+        batches = run.watch.timed(iter(run.loader))
         for _ in range(run.steps_per_epoch):
             if run.step >= run.total:
                 break
@@ -354,6 +367,7 @@ def finish(run: Training) -> dict[str, Any] | None:
         "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
         "ddp": asdict(run.settings),
         **summarize(run.comm.steps[WARMUP_STEPS_EXCLUDED:] or run.comm.steps),
+        **run.watch.result(),
     }
     if wire:
         result["tx_bytes_per_step"] = {k: v["bytes_per_step"] for k, v in wire.items()}

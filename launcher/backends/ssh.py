@@ -99,7 +99,7 @@ class SshBackend:
                             self.inventory)
 
     def gpus(self, nodes: list[Node]) -> list[int]:
-        from launcher.catalog import facts as catalog_facts
+        from launcher.nccl.links import facts as catalog_facts
 
         out = []
         for node in nodes:

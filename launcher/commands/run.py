@@ -28,6 +28,13 @@ def register(sub) -> None:
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
     p.add_argument("--grace", type=grace_seconds, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping nodes (default 5)")
+    p.add_argument("--gate", action="store_true",
+                   help="before starting, run the collective gate (an all-reduce over the "
+                        "nodes, then node pairs, against the recipe's gate.min_busbw_gbs) and "
+                        "refuse to start (exit 3) naming a node that would hold the run back")
+    p.add_argument("--exclude-bad", action="store_true",
+                   help="with --gate: measure every inventory host and run on the first "
+                        "healthy ones instead of refusing")
     p.add_argument("--rdzv-port", type=port_number,
                    help="rendezvous port on the head (default: the recipe's; a free one on "
                         "this machine)")
@@ -37,6 +44,9 @@ def register(sub) -> None:
 def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
+    if args.exclude_bad and not args.gate:
+        raise LauncherError("--exclude-bad leaves out the nodes the collective gate names: "
+                            "give --gate too")
     recipe = load_recipe(args.recipe)
     for warning in recipe_warnings(recipe):
         print(f"launch: warning: {warning}", file=sys.stderr)
@@ -47,6 +57,11 @@ def main(args) -> int:
     backend = backend_from_args(args, count)
     nodes = backend.nodes(count)
     if args.dry_run:
+        if args.gate:
+            print("launch: --gate: a real run first runs the collective gate on "
+                  f"{', '.join(n.name for n in nodes)}"
+                  + (" and the inventory's spare hosts" if args.exclude_bad else ""),
+                  file=sys.stderr)
         print_plan(backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir,
                                 rdzv_port=args.rdzv_port), args.json)
         return 0
@@ -54,6 +69,12 @@ def main(args) -> int:
 
     for warning in abandoned_warnings(args.runs_dir):
         print(f"launch: warning: {warning}", file=sys.stderr)
+    if args.gate:
+        from launcher.check.gate import gate_before_run
+
+        nodes = gate_before_run(backend, recipe, nodes, run_id=run_id, runs_dir=args.runs_dir,
+                                exclude_bad=args.exclude_bad, grace_s=args.grace,
+                                rdzv_port=args.rdzv_port)
     backend.launch(recipe, nodes, run_id, LaunchOptions(args.runs_dir, args.grace),
                    rdzv_port=args.rdzv_port)
     return 0

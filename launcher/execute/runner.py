@@ -54,6 +54,10 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "tx_counters": result.get("tx_counters"),
         "ddp": result.get("ddp"),
         "auto": result.get("auto"),
+        # Ranks whose own compute held every step back (train/stragglers.py), and every rank's
+        # medians: busy time split into compute, data wait and exposed communication wait.
+        "stragglers": result.get("stragglers"),
+        "rank_times": result.get("rank_times"),
         "started_at": started,
         "finished_at": finished,
         "duration_s": round(outcome.duration_s, 3),

@@ -1,0 +1,162 @@
+"""Stragglers: ranks whose own work holds every step back.
+
+DDP hides them: the all-reduce makes every rank's step time equal, the fast ranks simply wait.
+What differs is how each rank's step splits: a slow rank computes (or waits for data) longer
+and waits on communication less. So every rank measures its own busy time per step, the step
+minus the exposed communication wait that train/commtime.py measures (forward, backward,
+optimizer and the data wait), and the data wait alone (time spent in the loader's next()).
+At each log interval rank 0 gathers every rank's interval means with one small all_gather.
+A rank whose busy time is above THRESHOLD x the median rank's for INTERVALS intervals in a row
+is a straggler: rank 0 prints a line saying so (the live display shows it), and result.json
+gets the stragglers and every rank's medians. Imports nothing from launcher/.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+THRESHOLD = 1.25       # busy time above this multiple of the median rank's...
+INTERVALS = 3          # ...for this many log intervals in a row
+SKIP_STEPS = 3         # first steps pay for allocation and bucket rebuilds (main.py's warm-up)
+REPEAT_EVERY = 10      # a straggler that goes on is said again every this many intervals
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s"
+
+
+class _TimedIterator:
+    def __init__(self, inner: Iterator, watch: StragglerWatch):
+        self.inner, self.watch = inner, watch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        started = time.perf_counter()
+        try:
+            return next(self.inner)
+        finally:
+            self.watch.data_s += time.perf_counter() - started
+
+
+class StragglerJudge:
+    """Rank 0's side, pure: each interval's per-rank means in, straggler lines and the summary
+    out."""
+
+    def __init__(self, where: list[tuple[str, int]]):
+        self.where = where                      # rank -> (node, local rank)
+        world = len(where)
+        self.intervals: list[list[tuple[float, float, float]]] = [[] for _ in range(world)]
+        self.streak = [0] * world
+        self.slow_ratios: list[list[float]] = [[] for _ in range(world)]
+        self._recent: list[list[float]] = [[] for _ in range(world)]
+
+    def observe(self, step: int, rows: list[tuple[float, float, float]]) -> list[str]:
+        """rows: per rank (compute, data wait, communication wait) means of one interval.
+        Returns the lines to print."""
+        busy = [row[0] + row[1] for row in rows]
+        for rank, row in enumerate(rows):
+            self.intervals[rank].append(tuple(row))
+        median = statistics.median(busy)
+        if median <= 0:
+            return []
+        lines = []
+        for rank, value in enumerate(busy):
+            ratio = value / median
+            if ratio <= THRESHOLD:
+                self.streak[rank] = 0
+                self._recent[rank] = []
+                continue
+            self.streak[rank] += 1
+            self._recent[rank].append(ratio)
+            if self.streak[rank] == INTERVALS:
+                self.slow_ratios[rank] += self._recent[rank]
+            elif self.streak[rank] > INTERVALS:
+                self.slow_ratios[rank].append(ratio)
+            if self.streak[rank] >= INTERVALS and \
+                    (self.streak[rank] - INTERVALS) % REPEAT_EVERY == 0:
+                node, local = self.where[rank]
+                data = rows[rank][1]
+                line = (f"straggler: node {node} rank {rank} (local {local}): compute "
+                        f"{_seconds(value)} vs median {_seconds(median)} ({ratio:.1f}x) for "
+                        f"{self.streak[rank]} intervals in a row, up to step {step}: it holds "
+                        "every step back")
+                if data > 0.1 * value:
+                    line += f" ({_seconds(data)} of it waiting for data)"
+                lines.append(line)
+        return lines
+
+    def result(self) -> dict[str, Any]:
+        """Stragglers and per-rank medians (of the interval means) for result.json."""
+        stragglers = []
+        for rank, ratios in enumerate(self.slow_ratios):
+            if ratios:
+                node, local = self.where[rank]
+                stragglers.append({"node": node, "rank": rank, "local_rank": local,
+                                   "ratio": round(statistics.median(ratios), 3),
+                                   "intervals": len(ratios)})
+        rank_times = []
+        for rank, rows in enumerate(self.intervals):
+            if not rows:
+                continue
+            node, local = self.where[rank]
+            rank_times.append({
+                "rank": rank, "node": node, "local_rank": local,
+                "compute_s": round(statistics.median(r[0] for r in rows), 6),
+                "data_s": round(statistics.median(r[1] for r in rows), 6),
+                "comm_s": round(statistics.median(r[2] for r in rows), 6)})
+        return {"stragglers": stragglers, "rank_times": rank_times}
+
+
+class StragglerWatch:
+    """One per rank; every rank calls step_done() after each step and end_interval() at each
+    log interval (a collective)."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, local_rank: int):
+        self.rank, self.world, self.device = rank, world, device
+        node = os.environ.get("LAUNCH_NODE") or socket.gethostname()
+        where: list = [None] * world
+        dist.all_gather_object(where, (node, local_rank))
+        self.judge = StragglerJudge([tuple(w) for w in where]) if rank == 0 else None
+        self.data_s = 0.0                       # data wait since the last step_done
+        self._steps: list[tuple[float, float, float]] = []   # (compute, data, comm) this interval
+
+    def timed(self, iterator: Iterator) -> Iterator:
+        """The data loader's iterator, with the time spent waiting for batches counted."""
+        return _TimedIterator(iterator, self)
+
+    def step_done(self, step: int, step_time_s: float, comm_wait_s: float) -> None:
+        data, self.data_s = self.data_s, 0.0
+        if step <= SKIP_STEPS:
+            return
+        comm = min(comm_wait_s, step_time_s)
+        data = min(data, step_time_s - comm)
+        self._steps.append((max(0.0, step_time_s - comm - data), data, comm))
+
+    def end_interval(self, step: int) -> None:
+        """Every rank: gather the interval's means; rank 0 judges and prints."""
+        n = len(self._steps)
+        means = [sum(s[i] for s in self._steps) / n if n else 0.0 for i in range(3)]
+        self._steps = []
+        mine = torch.tensor([*means, float(n)], dtype=torch.float64, device=self.device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        if self.judge is None:
+            return
+        rows = [t.tolist() for t in gathered]
+        if any(row[3] == 0 for row in rows):
+            return                      # warm-up steps only: nothing to compare yet
+        for line in self.judge.observe(step, [tuple(row[:3]) for row in rows]):
+            print(line, flush=True)
+
+    def result(self) -> dict[str, Any]:
+        return self.judge.result() if self.judge else {}
