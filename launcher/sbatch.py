@@ -28,6 +28,8 @@ SCRIPT_NAME = "job.sbatch"
 AGENT_OUT = "agent.out"       # a node's torchrun output, in its folder
 EXIT_FILE = "exit_code"       # a node's torchrun exit code, written when it ends by itself
 JOB_OUT = "slurm-{job_id}.out"  # the batch script's own output (sbatch --output)
+STORE_OUT = "store.out"       # the rendezvous store's output, in the head's folder
+STORE_EXIT = "store_exit_code"  # written only when the store ended before the agents
 
 
 def marker(name: str) -> str:
@@ -120,7 +122,10 @@ class SlurmJob:
     # ---- the sbatch command line ------------------------------------------------------
     def sbatch_argv(self, sbatch: str = "sbatch") -> list[str]:
         s = self.settings
-        argv = [sbatch, "--parsable", f"--job-name={self.run_id}", f"--nodes={self.nnodes}",
+        # The extra arguments first: one missing its value (`--qos` alone) then swallows one
+        # of launch's options, which sbatch refuses, rather than the script's path.
+        argv = [sbatch, "--parsable", *s.sbatch_args, f"--job-name={self.run_id}",
+                f"--nodes={self.nnodes}",
                 "--ntasks-per-node=1", f"--chdir={self.run_dir}",
                 f"--output={self.run_dir}/{JOB_OUT.format(job_id='%j')}"]
         if s.exclusive:
@@ -133,7 +138,7 @@ class SlurmJob:
             argv.append(f"--time={s.time}")
         if s.gpus_per_node:
             argv.append(f"--gpus-per-node={s.gpus_per_node}")
-        return [*argv, *s.sbatch_args, self.script_path]
+        return [*argv, self.script_path]
 
     # ---- the script --------------------------------------------------------------------
     def script(self) -> str:
@@ -197,12 +202,12 @@ echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
 
 # The rendezvous store, a process of its own on the head: no agent's exit can take the
 # rendezvous down with it.
-mkdir -p {run_dir}/"$head"
+mkdir -p {run_dir}/"$head" || exit 1
 (
   node=$head
   cd {run_dir}/"$node" || exit 1
   exec {store_cmd}
-) &
+) >{run_dir}/"$head"/{STORE_OUT} 2>&1 &
 store=$!
 srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
   --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
@@ -212,7 +217,9 @@ agents=$!
 wait -n
 if kill -0 "$agents" 2>/dev/null; then
   wait "$store"
-  echo "launch: the rendezvous store on $head exited with code $?; stopping the nodes"
+  code=$?
+  echo "$code" >{run_dir}/"$head"/{STORE_EXIT}
+  echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
   kill -TERM "$agents"
   wait "$agents"
   exit 1

@@ -84,6 +84,9 @@ class SlurmLab:
     controller: str      # slurmctld's hostname (its own UTS namespace)
     ctld_port: int
     cpus_per_host: int
+    # Unix sockets (munge's, slurmd's per job step) need paths under 108 bytes, which a lab
+    # folder deep in a test's temporary tree exceeds: they live in a short folder of their own.
+    sockets: str = ""
     hosts: list[SlurmLabHost] = field(default_factory=list)
     munged_pid: int = 0
     slurmctld_pid: int = 0
@@ -99,7 +102,7 @@ class SlurmLab:
 
     @property
     def munge_socket(self) -> Path:
-        return self.dir / "munge" / "munge.socket.2"
+        return Path(self.sockets) / "munge.socket.2"
 
     @property
     def partition(self) -> str:
@@ -126,7 +129,8 @@ class SlurmLab:
         lab_id = secrets.token_hex(2)
         net = _free_subnet()
         lab = cls(str(directory), lab_id, str(net), f"slm{lab_id}br", f"slm{lab_id}ctl",
-                  _free_port(), max(1, (os.cpu_count() or 1) // hosts))
+                  _free_port(), max(1, (os.cpu_count() or 1) // hosts),
+                  sockets=f"{'/run' if os.access('/run', os.W_OK) else '/tmp'}/slm{lab_id}")
         try:
             lab._build(hosts, net)
         except BaseException:
@@ -164,7 +168,10 @@ class SlurmLab:
     def _write_files(self, gateway: str) -> None:
         for sub in ("munge", "ctld/state", *(f"nodes/{h.name}" for h in self.hosts)):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        for host in self.hosts:
+            (Path(self.sockets) / host.name).mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir / "munge", 0o700)
+        os.chmod(self.sockets, 0o700)
         # c10d reverse-resolves its peers, which it sees as v4-mapped IPv6 addresses: without
         # an entry for that form each lookup went to DNS, which a namespace cannot reach,
         # and stalled 10 s per connection (a 2-node job took 26 s instead of 5).
@@ -192,7 +199,7 @@ class SlurmLab:
             f"StateSaveLocation={d}/ctld/state",
             f"SlurmctldPidFile={d}/ctld/slurmctld.pid",
             f"SlurmctldLogFile={d}/ctld/slurmctld.log",
-            f"SlurmdSpoolDir={d}/nodes/%n/spool",
+            f"SlurmdSpoolDir={self.sockets}/%n",
             f"SlurmdPidFile={d}/nodes/%n/slurmd.pid",
             f"SlurmdLogFile={d}/nodes/%n/slurmd.log",
             "ProctrackType=proctrack/linuxproc",
@@ -323,6 +330,8 @@ class SlurmLab:
             _run("ip", "netns", "del", host.netns, check=False)
             _run("ip", "link", "del", host.veth, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
+        if self.sockets:
+            shutil.rmtree(self.sockets, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _wait_no_jobs(self, ids: list[str], timeout: float = 15.0) -> None:

@@ -78,10 +78,12 @@ class Partition:
 
 
 def node_usable(state: str) -> bool:
-    """`idle`, `mixed~` (powered down), ... yes; `down*`, `drained`, `idle*` (not
-    responding) no."""
+    """`idle`, `idle~` (powered down), `mixed`, `allocated+` yes; `down*`, `drained`,
+    `idle*` (not responding), `idle$` (a maintenance reservation) no. The suffixes are
+    sinfo(1)'s NODE STATE CODES."""
     base = state.rstrip("*~#!%$@^-+")
-    return base in USABLE_STATES and "*" not in state[len(base):]
+    flags = state[len(base):]
+    return base in USABLE_STATES and "*" not in flags and "$" not in flags
 
 
 SINFO_FORMAT = "%P|%N|%T|%c|%G|%a"

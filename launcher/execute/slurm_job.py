@@ -1,5 +1,5 @@
 """A submitted Slurm job as the supervisor sees it (execute/supervisor.py): one NodeProcess per
-node of the allocation, and the batch script as a service on the head.
+node of the allocation, the batch script and the rendezvous store as services on the head.
 
 Nothing runs as a child of launch: the nodes write into the run folder, on the filesystem
 they share with the login node, and launch follows those files. A node's end is its exit_code
@@ -25,7 +25,8 @@ from launcher.errors import RunFailed
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import _StopRequest
 from launcher.runfolder import RunFolder
-from launcher.sbatch import AGENT_OUT, EXIT_FILE, JOB_OUT, SCRIPT_NAME, SlurmJob, node_facts
+from launcher.sbatch import (AGENT_OUT, EXIT_FILE, JOB_OUT, SCRIPT_NAME, STORE_EXIT, STORE_OUT,
+                             SlurmJob, node_facts)
 from launcher.slurmctl import (JobInfo, SlurmError, hostnames, job_info, node_addresses, said,
                                scancel, slurm, where_conf)
 
@@ -138,15 +139,16 @@ class SlurmNodeProcess:
         self.watch.cancel(kill=sig == signal.SIGKILL)
 
 
-class SlurmBatchProcess:
-    """The batch script on the head (its lines: the store's, srun's and its own). It ends
-    with the job; it never fails the run by itself: when the store dies it stops srun, and
-    the nodes' ends tell what happened."""
+class SlurmService:
+    """A process of the batch script on the head, as the supervisor's service: the script
+    itself (label "job": its own lines and srun's) or the rendezvous store (label "store").
+    The script starts and stops them; one ends the run by itself only when the script wrote
+    its `exit_file` (the store died while the agents ran: the script stops srun then)."""
 
-    label = "job"
-
-    def __init__(self, head: str, output: Path, watch: JobWatch):
-        self.name, self.output, self.watch = head, output, watch
+    def __init__(self, head: str, label: str, output: Path, watch: JobWatch,
+                 exit_file: Path | None = None):
+        self.name, self.label, self.output, self.watch = head, label, output, watch
+        self.exit_file = exit_file
         self.stopping = self.abandoned = False
 
     def start(self) -> None:
@@ -156,15 +158,18 @@ class SlurmBatchProcess:
         yield from follow(self.output, lambda: self.abandoned or self.watch.final())
 
     def poll(self) -> int | None:
+        code = _read_code(self.exit_file) if self.exit_file else None
+        if code is not None:
+            return code
         if not self.stopping:
             return None
         info = self.watch.info()
-        return exit_status(info.exit_code) if info.final else None
+        return (0 if self.exit_file else exit_status(info.exit_code)) if info.final else None
 
     def signal(self, sig: int) -> None:
-        # Asked to stop once every node has ended: the script stops the store itself. At the
-        # second ask (the grace period is over) launch stops following it; the job's final
-        # state is still waited for and reported.
+        # Asked to stop once every node has ended: the script stops its processes itself. At
+        # the second ask (the grace period is over) launch stops following them; the job's
+        # final state is still waited for and reported.
         self.abandoned = self.stopping
         self.stopping = True
 
@@ -306,7 +311,10 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
     pairs = [(n, addresses[n]) for n in names]
     plan = job.run_plan(pairs)
     procs = [SlurmNodeProcess(n, folder.node_dir(n), watch) for n in names]
-    batch = SlurmBatchProcess(names[0], output, watch)
+    head_dir = folder.node_dir(names[0])
+    services = [SlurmService(names[0], "store", head_dir / STORE_OUT, watch,
+                             head_dir / STORE_EXIT),
+                SlurmService(names[0], "job", output, watch)]
 
     def after() -> None:
         final = watch.wait_final(FINAL_WAIT_S, stop=lambda: stop.count > 1)
@@ -328,7 +336,7 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
                           "script": SCRIPT_NAME}}
 
     return execute_plan(plan, folder, procs, display=display, after=after,
-                        grace_s=options.grace_s, store=batch, extra=extra)
+                        grace_s=options.grace_s, services=services, extra=extra)
 
 
 def _wait_for_start(watch: JobWatch, stop, display) -> JobInfo:
