@@ -180,6 +180,7 @@ SBATCH_OWN = {
     "--job-name": "the job is named by the run id", "-J": "the job is named by the run id",
     "--parsable": "launch reads the job id with it", "--wrap": "launch writes the script",
     "--array": "one run is one job", "-a": "one run is one job",
+    "--requeue": "one run is one attempt",
     "--partition": "use slurm.partition", "-p": "use slurm.partition",
     "--account": "use slurm.account", "-A": "use slurm.account",
     "--time": "use slurm.time", "-t": "use slurm.time",

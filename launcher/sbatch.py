@@ -126,7 +126,9 @@ class SlurmJob:
         # of launch's options, which sbatch refuses, rather than the script's path.
         argv = [sbatch, "--parsable", *s.sbatch_args, f"--job-name={self.run_id}",
                 f"--nodes={self.nnodes}",
-                "--ntasks-per-node=1", f"--chdir={self.run_dir}",
+                # One run is one attempt: a job Slurm requeued (its node failed) would start
+                # again into the same run folder while launch reports the first one's end.
+                "--ntasks-per-node=1", "--no-requeue", f"--chdir={self.run_dir}",
                 f"--output={self.run_dir}/{JOB_OUT.format(job_id='%j')}"]
         if s.exclusive:
             argv.append("--exclusive")
@@ -165,7 +167,7 @@ run_node() {{
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')
   if [ -z "$addr" ] || [ -z "$iface" ]; then
-    echo "launch: node $node has no address on a route to the head ($head_addr): is iproute2's ip installed?"
+    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
     echo 1 >{EXIT_FILE}
     exit 1
   fi

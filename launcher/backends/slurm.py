@@ -67,7 +67,8 @@ class SlurmBackend:
     # ---- Backend -------------------------------------------------------------------------
     def describe(self, count: int) -> str:
         part = self.flags.get("partition")
-        return f"{count} node(s) of a Slurm allocation ({f'partition {part}' if part else 'the default partition'})"
+        where = f"partition {part}" if part else "the default partition"
+        return f"{count} node(s) of a Slurm allocation ({where})"
 
     def nodes(self, count: int | None) -> list[Node]:
         """Stand-ins for the nodes Slurm will allocate, in the allocation's order: their names
@@ -222,8 +223,8 @@ def srun_on_nodes(settings: Slurm, count: int, argv: list[str], timeout: float) 
         body = [ln for ln in lines if not ln.startswith(("@launch-node ", "@launch-exit "))]
         if code is None:
             own = [ln for ln in err.splitlines() if ln.startswith("srun:")]
-            results[name] = NodeResult(name, error="srun: " + (" ".join(own[-3:]) or
-                                                               f"no answer (exit {proc.returncode})"))
+            why = " ".join(own[-3:]) or f"no answer from the node (srun exit {proc.returncode})"
+            results[name] = NodeResult(name, error=why)
         else:
             results[name] = NodeResult(name, code, "\n".join(body) + ("\n" if body else ""),
                                        "\n".join(stderr.get(task, [])))

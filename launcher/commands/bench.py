@@ -1,5 +1,5 @@
-"""`launch bench [--nodes N] (--local | -i INVENTORY | --slurm) [--op OP] [--min-bytes 8] [--max-bytes 1G]
-[--dtype float|bfloat16] [--nccl-tests] [--dry-run [--json]]`."""
+"""`launch bench [--nodes N] (--local | -i INVENTORY | --slurm) [--op OP] [--min-bytes 8]
+[--max-bytes 1G] [--dtype float|bfloat16] [--nccl-tests] [--dry-run [--json]]`."""
 
 from __future__ import annotations
 

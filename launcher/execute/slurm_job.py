@@ -53,15 +53,25 @@ class JobWatch:
                 return self._info   # final states never change
             now = time.monotonic()
             if fresh or self._info is None or now - self._at >= self.interval:
-                self._info, self._at = self._ask(self.job_id), now
+                try:
+                    self._info = self._ask(self.job_id)
+                except SlurmError:
+                    # slurmctld busy or restarting: the job runs on meanwhile; ask again later.
+                    self._info = self._info or JobInfo(self.job_id, "UNKNOWN")
+                self._at = now
             return self._info
 
     def final(self) -> bool:
         return self.info().final
 
     def cancel(self, kill: bool = False) -> None:
+        """scancel, unless the job is ending already (by itself, or cancelled by someone
+        else: then `cancelled` stays empty, and the run says who ended it)."""
+        info = self.info(fresh=True)
+        if info.final or (info.state == "COMPLETING" and not kill):
+            return
         with self._lock:
-            if kill in self.cancelled or (self._info is not None and self._info.final):
+            if kill in self.cancelled:
                 return
             self.cancelled.add(kill)
         scancel(self.job_id, kill=kill)
@@ -274,7 +284,11 @@ def run_job(job: SlurmJob, options: LaunchOptions, recipe_file: str | None) -> d
     (folder.root / SCRIPT_NAME).write_text(job.script())
     slurm_doc: dict[str, Any] = {"sbatch": job.sbatch_argv(), "script": SCRIPT_NAME}
     with _StopRequest() as stop:
-        job_id = submit(job)
+        try:
+            job_id = submit(job)
+        except SlurmError as err:
+            _record(folder, slurm_doc, None, "failed", str(err))
+            raise
         slurm_doc["job_id"] = job_id
         folder.write_json("slurm.json", slurm_doc)
         watch = JobWatch(job_id)
@@ -335,8 +349,35 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
         return {"slurm": {**final.to_json(), "sbatch": slurm_doc["sbatch"],
                           "script": SCRIPT_NAME}}
 
-    return execute_plan(plan, folder, procs, display=display, after=after,
-                        grace_s=options.grace_s, services=services, extra=extra)
+    try:
+        return execute_plan(plan, folder, procs, display=display, after=after,
+                            grace_s=options.grace_s, services=services, extra=extra)
+    except RunFailed as err:
+        why = ended_by_slurm(slurm_doc.get("final") or watch.info(), bool(watch.cancelled))
+        if why:
+            raise RunFailed(f"{why}\n{err}", exit_code=err.exit_code) from None
+        raise
+
+
+# Final states in which Slurm, not a node of the run, ended the job; what each means.
+SLURM_ENDINGS = {
+    "TIMEOUT": "the job reached its time limit (--time / slurm.time, or the partition's)",
+    "NODE_FAIL": "a node of the allocation failed",
+    "PREEMPTED": "a job of higher priority preempted it",
+    "OUT_OF_MEMORY": "a node ran out of memory",
+    "DEADLINE": "the job reached its deadline",
+    "BOOT_FAIL": "a node failed to boot",
+}
+
+
+def ended_by_slurm(info: JobInfo, cancelled_by_launch: bool) -> str | None:
+    """Why the job ended, when neither a node nor launch ended it."""
+    if info.state in SLURM_ENDINGS:
+        return f"Slurm ended job {info.job_id} ({info.state}): {SLURM_ENDINGS[info.state]}."
+    if info.state == "CANCELLED" and not cancelled_by_launch:
+        return (f"job {info.job_id} was cancelled outside launch (scancel by you or the "
+                "cluster's admins).")
+    return None
 
 
 def _wait_for_start(watch: JobWatch, stop, display) -> JobInfo:
@@ -362,10 +403,11 @@ def _first_line(path: Path) -> str:
         return ""
 
 
-def _record(folder: RunFolder, slurm_doc: dict, info: JobInfo, status: str,
+def _record(folder: RunFolder, slurm_doc: dict, info: JobInfo | None, status: str,
             reason: str = "", interrupted: bool = False) -> None:
+    """summary.json of a run whose job never ran (or was never accepted)."""
     summary = {"run_id": folder.root.name, "status": status, "run_dir": str(folder.root),
-               "slurm": {**info.to_json(), "sbatch": slurm_doc["sbatch"],
+               "slurm": {**(info.to_json() if info else {}), "sbatch": slurm_doc["sbatch"],
                          "script": SCRIPT_NAME}}
     if reason:
         summary["failure"] = {"reason": reason, "interrupted": interrupted}

@@ -42,7 +42,7 @@ def golden_job():
 
 EXPECTED_SCRIPT = r"""#!/bin/bash
 # launch run golden-1: recipe golden (/shared/home/ada/golden.yml), 2 node(s) x 8 process(es)
-# Submitted by launch: sbatch --parsable --qos=high '--constraint=a100&ib' --job-name=golden-1 --nodes=2 --ntasks-per-node=1 --chdir=/shared/home/ada/runs/golden-1 --output=/shared/home/ada/runs/golden-1/slurm-%j.out --exclusive --partition=gpu --account=ml-team --time=01:00:00 --gpus-per-node=8 /shared/home/ada/runs/golden-1/job.sbatch
+# Submitted by launch: sbatch --parsable --qos=high '--constraint=a100&ib' --job-name=golden-1 --nodes=2 --ntasks-per-node=1 --no-requeue --chdir=/shared/home/ada/runs/golden-1 --output=/shared/home/ada/runs/golden-1/slurm-%j.out --exclusive --partition=gpu --account=ml-team --time=01:00:00 --gpus-per-node=8 /shared/home/ada/runs/golden-1/job.sbatch
 # Runs on the allocation's first node, the head: starts the rendezvous store there, then one
 # torchrun agent per node (srun), and stops the store when srun ends.
 set -u
@@ -56,7 +56,7 @@ run_node() {
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \([^ ]*\).*/\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{sub(/@.*/, "", $2); print $2; exit}')
   if [ -z "$addr" ] || [ -z "$iface" ]; then
-    echo "launch: node $node has no address on a route to the head ($head_addr): is iproute2's ip installed?"
+    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
     echo 1 >exit_code
     exit 1
   fi
@@ -162,7 +162,8 @@ def test_sbatch_command_line_recipe_and_flags():
     # after the recipe's sbatch arguments (sbatch takes the last of a repeated option).
     assert golden_job().sbatch_argv() == [
         "sbatch", "--parsable", "--qos=high", "--constraint=a100&ib", "--job-name=golden-1",
-        "--nodes=2", "--ntasks-per-node=1", "--chdir=/shared/home/ada/runs/golden-1",
+        "--nodes=2", "--ntasks-per-node=1", "--no-requeue",
+        "--chdir=/shared/home/ada/runs/golden-1",
         "--output=/shared/home/ada/runs/golden-1/slurm-%j.out", "--exclusive",
         "--partition=gpu", "--account=ml-team", "--time=01:00:00", "--gpus-per-node=8",
         "/shared/home/ada/runs/golden-1/job.sbatch"]

@@ -114,6 +114,24 @@ def test_sigint_cancels_the_job(slurm_lab, tmp_path):
     wait_for(lambda: job_processes(slurm_lab) == {}, 5, "no job process on any node")
 
 
+def test_job_cancelled_outside_launch(slurm_lab, tmp_path):
+    """An admin's (or your own) scancel: the run fails and says who ended it."""
+    run = _start(tmp_path, slurm_lab, "slurm-ext")
+    try:
+        wait_for(lambda: _training(tmp_path, "slurm-ext"), 240, "training on the Slurm lab")
+        job_id = json.loads((tmp_path / "runs/slurm-ext/slurm.json").read_text())["job_id"]
+        slurm_lab.client(["scancel", job_id])
+        code = run.wait(timeout=60)
+    finally:
+        run.kill()
+    out = run.output()
+    assert code == 1, out[-3000:]
+    assert f"job {job_id} was cancelled outside launch" in out
+    summary = json.loads((tmp_path / "runs/slurm-ext/summary.json").read_text())
+    assert summary["slurm"]["state"] == "CANCELLED" and summary["status"] == "failed"
+    wait_for(lambda: job_processes(slurm_lab) == {}, 5, "no job process on any node")
+
+
 def test_sigterm_while_pending_cancels_with_143(slurm_lab, tmp_path):
     """A job waiting for nodes: its state and Slurm's reason are shown; SIGTERM cancels it."""
     env = slurm_env(slurm_lab)
