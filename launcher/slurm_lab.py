@@ -370,10 +370,11 @@ class SlurmLab:
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie (a daemon of an earlier `lab up` whose parent is gone may wait
+    for an init that does not reap)."""
     try:
-        os.kill(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
 
 
