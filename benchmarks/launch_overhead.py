@@ -6,12 +6,21 @@ Needs root (it builds a lab of SSH hosts in network namespaces). Prints a table 
 benchmarks/results/launch_overhead.json.
 
     .venv/bin/python benchmarks/launch_overhead.py [--hosts 2 4 8] [--repeats 3]
+
+The Slurm column (`--slurm`): on a Slurm lab (`launch lab up --slurm`: slurmctld and a slurmd
+per network namespace), the same time for `launch run --slurm` (preflight, code copied into
+the run folder, sbatch, the job followed) against a hand-written sbatch script of the same job
+(srun torchrun, the first node hosting the rendezvous), submitted with `sbatch --wait`. Writes
+benchmarks/results/launch_overhead_slurm.json and .txt.
+
+    .venv/bin/python benchmarks/launch_overhead.py --slurm [--slurm-nodes 2] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import statistics
@@ -98,7 +107,12 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/launch_overhead.json"))
+    parser.add_argument("--slurm", action="store_true",
+                        help="the Slurm column instead: launch --slurm vs a hand-written sbatch")
+    parser.add_argument("--slurm-nodes", type=int, default=2)
     args = parser.parse_args()
+    if args.slurm:
+        return slurm_main(args.slurm_nodes, args.repeats)
 
     results = []
     with tempfile.TemporaryDirectory(prefix="launch-overhead-") as tmp:
@@ -137,6 +151,120 @@ def main() -> int:
         "what": "seconds from start to every rank past rendezvous (median of repeats)",
         "repeats": args.repeats, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
+    return 0
+
+
+# ---- the Slurm column -----------------------------------------------------------------------
+
+# What people write by hand: one task per node, torchrun's own store on the first node (c10d
+# finds it is the host by its hostname), the probe straight from the checkout (shared files).
+HAND_SBATCH = """#!/bin/bash
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun {python} -m torch.distributed.run --nnodes {nodes} --nproc-per-node 1 \\
+  --rdzv-backend c10d --rdzv-endpoint "$head:{port}" --rdzv-id "$SLURM_JOB_ID" \\
+  {probe}
+"""
+
+
+def wait_idle(lab, timeout: float = 60.0) -> None:
+    """Both variants start on idle nodes: never on the tail of the previous job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = lab.client(["sinfo", "--noheader", "--Node", "--format=%t"]).stdout.split()
+        if out and all(state == "idle" for state in out):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the Slurm lab's nodes did not become idle")
+
+
+def time_launch_slurm(lab, nodes: int, run_id: str, runs_dir: Path,
+                      port: int) -> tuple[float, float]:
+    """(seconds to every rank past rendezvous, seconds launch took before the job was
+    submitted: preflight, run folder, code copy, sbatch)."""
+    from launcher.backends.slurm import SlurmBackend
+
+    quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
+    backend = SlurmBackend({"python": sys.executable}, cwd=str(runs_dir.parent))
+    started = time.time()
+    backend.launch(recipe_for(nodes), backend.nodes(nodes), run_id,
+                   LaunchOptions(runs_dir.name, display=quiet), rdzv_port=port,
+                   program=probe_program)
+    logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
+    submitted = (runs_dir / run_id / "slurm.json").stat().st_mtime   # written after sbatch
+    return last_rank_passed(logs, nodes) - started, submitted - started
+
+
+def time_hand_sbatch(lab, nodes: int, run_id: str, runs_dir: Path, port: int) -> float:
+    folder = runs_dir / run_id
+    folder.mkdir(parents=True)
+    script = folder / "hand.sbatch"
+    script.write_text(HAND_SBATCH.format(
+        python=shlex.quote(sys.executable), nodes=nodes, port=port,
+        probe=shlex.quote(str(REPO / "train" / "rendezvous_probe.py"))))
+    out = folder / "out.txt"
+    started = time.time()
+    proc = lab.client(["sbatch", "--wait", f"--nodes={nodes}", "--ntasks-per-node=1",
+                       "--exclusive", f"--output={out}", str(script)], timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the hand-written job failed: {proc.stderr}\n{out.read_text()}")
+    return last_rank_passed(out.read_text(), nodes) - started
+
+
+def slurm_main(nodes: int, repeats: int) -> int:
+    import platform
+
+    from launcher.slurm_lab import SlurmLab
+
+    launch_s, hand_s, submit_s = [], [], []
+    with tempfile.TemporaryDirectory(prefix="launch-overhead-slurm-") as tmp:
+        tmp = Path(tmp)
+        lab = SlurmLab.create(tmp / "lab", nodes)
+        os.environ.update(lab.env())   # launch's own Slurm commands find the lab
+        try:
+            port = 29800
+            for rep in range(repeats):
+                order = ["launch", "hand"] if rep % 2 == 0 else ["hand", "launch"]
+                for variant in order:
+                    port += 1
+                    wait_idle(lab)
+                    run_id = f"{variant}-{rep}"
+                    if variant == "launch":
+                        total, before = time_launch_slurm(lab, nodes, run_id, tmp / "runs",
+                                                          port)
+                        launch_s.append(total)
+                        submit_s.append(before)
+                    else:
+                        hand_s.append(time_hand_sbatch(lab, nodes, run_id, tmp / "runs", port))
+                print(f"  repeat {rep}: launch {launch_s[-1]:.2f}s, hand-written sbatch "
+                      f"{hand_s[-1]:.2f}s", file=sys.stderr, flush=True)
+        finally:
+            lab.destroy()
+    row = {"nodes": nodes, "launch_s": statistics.median(launch_s),
+           "hand_sbatch_s": statistics.median(hand_s),
+           "launch_before_sbatch_s": statistics.median(submit_s), "launch_samples": launch_s,
+           "hand_samples": hand_s}
+    row["ratio"] = row["launch_s"] / row["hand_sbatch_s"]
+    # The machine's load drifts between repeats: each repeat's two runs, back to back, are
+    # the fairer pair.
+    row["paired_ratios"] = [round(a / b, 3) for a, b in zip(launch_s, hand_s)]
+    row["median_paired_ratio"] = statistics.median(row["paired_ratios"])
+    table = "\n".join([
+        f"{'nodes':>5}  {'launch --slurm (s)':>18}  {'hand-written sbatch (s)':>23}  "
+        f"{'ratio':>6}  {'paired ratio':>12}  {'launch before sbatch (s)':>24}",
+        f"{nodes:>5}  {row['launch_s']:>18.2f}  {row['hand_sbatch_s']:>23.2f}  "
+        f"{row['ratio']:>6.2f}  {row['median_paired_ratio']:>12.2f}  "
+        f"{row['launch_before_sbatch_s']:>24.3f}"])
+    print(table)
+    results = REPO / "benchmarks/results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "launch_overhead_slurm.txt").write_text(table + "\n")
+    (results / "launch_overhead_slurm.json").write_text(json.dumps({
+        "what": "seconds from submitting to every rank past rendezvous (median of repeats; "
+                "paired ratio: the median of each repeat's launch/hand ratio), on a Slurm lab "
+                "(slurmctld + one slurmd per network namespace, all on one machine)",
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, shared with other work",
+        "repeats": repeats, "results": [row]}, indent=2) + "\n")
+    print(f"wrote {results / 'launch_overhead_slurm.json'}")
     return 0
 
 

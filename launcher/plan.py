@@ -168,18 +168,22 @@ def plan_run(
     rdzv_port: int | None = None,
     notes: tuple[str, ...] = (),
     program: Callable[[Placement], list[str]] | None = None,
+    rdzv_host: str | None = None,
 ) -> RunPlan:
     """One command per node; the first node is the head: the rendezvous store runs there.
 
     `program` gives the script and its arguments per node (default: the trainer); `launch
-    bench` passes its own, so every workload goes through the same launch path.
+    bench` passes its own, so every workload goes through the same launch path. `rdzv_host`
+    is the head's address when only the allocation knows it (Slurm: a marker the job script
+    fills in); default the head's private address.
     """
     program = program or trainer_program(recipe)
     if not nodes:
         raise ValueError("a run needs at least one node")
     head = nodes[0]
     port = rdzv_port if rdzv_port is not None else recipe.rendezvous.port
-    rdzv = endpoint(head.private_address, port)
+    rdzv_host = rdzv_host or head.private_address
+    rdzv = endpoint(rdzv_host, port)
     gpus = [node.gpus or 0 for node in nodes]
     nprocs = {resolve_nproc(recipe, g) for g in gpus}
     if len(nprocs) != 1:
@@ -208,7 +212,7 @@ def plan_run(
         name=head.name, address=head.address, private_address=head.private_address,
         is_head=True, gpus=0,
         argv=(head_place.python, f"{head_place.code_dir}/train/rdzv_store.py",
-              "--host", head.private_address, "--port", str(port)),
+              "--host", rdzv_host, "--port", str(port)),
         env={"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": head.name, "PYTHONUNBUFFERED": "1"},
         run_dir=head_place.run_dir, cwd=head_place.cwd, instance_type=head.instance_type,
     )

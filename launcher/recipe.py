@@ -167,6 +167,104 @@ class Gate(_Strict):
     min_busbw_gbs: Number | None = Field(None, gt=0, allow_inf_nan=False)
 
 
+# Slurm's own spellings: a partition list "gpu,gpu-spot", an account, a time limit in one of
+# sbatch's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, UNLIMITED).
+_SLURM_NAMES = re.compile(r"^[A-Za-z0-9_.-]{1,128}(,[A-Za-z0-9_.-]{1,128}){0,31}$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SLURM_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+# What launch itself puts on the sbatch command line: a recipe setting them would break the
+# job's shape (one task per node, the run folder) or the run's bookkeeping.
+SBATCH_OWN = {
+    "--nodes": "use --nodes / the recipe's nodes", "-N": "use --nodes / the recipe's nodes",
+    "--ntasks": "launch runs one task per node", "-n": "launch runs one task per node",
+    "--ntasks-per-node": "launch runs one task per node",
+    "--output": "the job's output goes to the run folder",
+    "-o": "the job's output goes to the run folder",
+    "--error": "the job's output goes to the run folder",
+    "-e": "the job's output goes to the run folder",
+    "--chdir": "the job runs in the run folder", "-D": "the job runs in the run folder",
+    "--job-name": "the job is named by the run id", "-J": "the job is named by the run id",
+    "--parsable": "launch reads the job id with it", "--wrap": "launch writes the script",
+    "--array": "one run is one job", "-a": "one run is one job",
+    "--requeue": "one run is one attempt",
+    "--partition": "use slurm.partition", "-p": "use slurm.partition",
+    "--account": "use slurm.account", "-A": "use slurm.account",
+    "--time": "use slurm.time", "-t": "use slurm.time",
+    "--gpus-per-node": "use slurm.gpus_per_node",
+    "--exclusive": "use slurm.exclusive",
+}
+
+
+def sbatch_arg_problem(arg: str) -> str | None:
+    """Why an extra sbatch argument cannot be passed as given, or None."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return (f"{shorten(arg)} is not an sbatch option: give each option as one item, with "
+                "its value after '=' (e.g. --qos=high)")
+    if "\n" in arg or "\0" in arg or len(arg) > 4096:
+        return f"{shorten(arg)}: an option must be one line of at most 4096 characters"
+    name = arg.split("=", 1)[0]
+    for own, why in SBATCH_OWN.items():
+        if name == own or (len(own) == 2 and name.startswith(own) and not arg.startswith("--")):
+            return f"{own} is set by launch ({why})"
+    return None
+
+
+class Slurm(_Strict):
+    """How `launch run --slurm` asks Slurm for the nodes; the flags of the same names win."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    # Interpreter with torch on the compute nodes, found on the PATH the job inherits from
+    # the shell that runs launch (sbatch exports it), unless a path.
+    python: str = "python3"
+    # GPUs to ask for on each node; default: the count in the partition's GRES (gpu:N).
+    gpus_per_node: WholeNumber | None = Field(None, ge=0, le=MAX_PROCS_PER_NODE)
+    # Whole nodes: every CPU (OMP threads, data loading) and GPU of each node for this job.
+    exclusive: Switch = True
+    sbatch_args: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAMES.match(value):
+            raise ValueError(f"{shorten(value)} is not a Slurm partition name (letters, digits, "
+                             "'_', '.', '-'; several separated by commas)")
+        return value
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ValueError(f"{shorten(value)} is not a Slurm account name (letters, digits, "
+                             "'_', '.', '-')")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(f"{shorten(value)} is not a Slurm time limit: use HH:MM:SS, "
+                             "minutes, D-HH:MM:SS or UNLIMITED")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        if not value.strip() or "\n" in value or "\0" in value or len(value) > 4096:
+            raise ValueError("expected the interpreter's name or path on the compute nodes")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            problem = sbatch_arg_problem(arg)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+
 class Recipe(_Strict):
     name: str
     nodes: WholeNumber = Field(1, ge=1, le=MAX_NODES)
@@ -176,6 +274,7 @@ class Recipe(_Strict):
     train: Train
     ddp: DDP = DDP()
     gate: Gate = Gate()
+    slurm: Slurm = Slurm()    # read by --slurm only
     # Where the recipe came from; set by load_recipe, not part of the YAML.
     source: str = Field("<recipe>", exclude=True)
 

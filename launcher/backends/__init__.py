@@ -38,10 +38,35 @@ def add_where_arguments(parser: argparse.ArgumentParser) -> None:
                        help="an Ansible inventory (YAML or INI): its hosts over SSH")
     where.add_argument("--cluster", metavar="NAME",
                        help="the cluster `launch provision --cluster NAME` made (its inventory)")
+    where.add_argument("--slurm", action="store_true",
+                       help="one Slurm batch job from this login node (sbatch/srun; SLURM_CONF "
+                            "names the cluster); the run folder must be on a filesystem the "
+                            "compute nodes share")
     parser.add_argument("--limit", metavar="PATTERN",
                         help="with -i/--cluster: only these hosts (an Ansible host pattern, "
                              "e.g. gpu-0* or node1,node2)")
     add_ssh_arguments(parser)
+
+    slurm = parser.add_argument_group("Slurm (with --slurm; they win over the recipe's slurm "
+                                      "block)")
+    slurm.add_argument("--partition", help="Slurm: partition(s) to run in (default: the "
+                                           "cluster's default partition)")
+    slurm.add_argument("--account", help="Slurm: account to charge")
+    slurm.add_argument("--time", metavar="HH:MM:SS", help="Slurm: the job's time limit")
+    slurm.add_argument("--sbatch-arg", dest="sbatch_args", action="append", metavar="ARG",
+                       help="Slurm: one more sbatch option, e.g. --sbatch-arg=--qos=high "
+                            "(repeatable)")
+    slurm.add_argument("--python", metavar="PATH",
+                       help="Slurm: the interpreter with torch on the compute nodes (default "
+                            "python3 on the PATH the job inherits)")
+    slurm.add_argument("--gpus-per-node", type=int, metavar="G",
+                       help="Slurm: GPUs to ask for per node (default: the partition's GRES)")
+
+
+# The Slurm flags by the recipe key (slurm.*) each one overrides.
+SLURM_FLAGS = {"partition": "--partition", "account": "--account", "time": "--time",
+               "sbatch_args": "--sbatch-arg", "python": "--python",
+               "gpus_per_node": "--gpus-per-node"}
 
 
 def ssh_options(args):
@@ -72,6 +97,18 @@ def backend_from_args(args, local_count: int, say: Callable[[str], None] = _stde
     """The backend the flags name. Without -i/--cluster/--slurm the run stays on this machine,
     and `say` tells so in one line (on stderr, so that --json output stays clean) unless
     --local asked for it; `local_count` is the number of nodes that line announces."""
+    slurm_flags = {key: getattr(args, key, None) for key in SLURM_FLAGS}
+    if getattr(args, "slurm", False):
+        from launcher.backends.slurm import SlurmBackend
+
+        if getattr(args, "limit", None):
+            raise LauncherError("--limit selects hosts of an inventory; with --slurm, Slurm "
+                                "picks the nodes (narrow them with --partition or "
+                                "--sbatch-arg=--nodelist=...)")
+        return SlurmBackend(slurm_flags)
+    given = [SLURM_FLAGS[key] for key, value in slurm_flags.items() if value not in (None, [])]
+    if given:
+        raise LauncherError(f"{', '.join(given)}: Slurm options go with --slurm")
     inventory = _inventory_path(args)
     if inventory:
         from launcher.backends.ssh import SshBackend
@@ -84,5 +121,6 @@ def backend_from_args(args, local_count: int, say: Callable[[str], None] = _stde
     backend = LocalBackend()
     if not getattr(args, "local", False):
         say(f"launch: no inventory given: {local_count} node{'s' if local_count != 1 else ''} "
-            "on this machine (-i INVENTORY or --cluster NAME runs on hosts over SSH)")
+            "on this machine (-i INVENTORY or --cluster NAME runs on hosts over SSH, --slurm "
+            "on a Slurm cluster)")
     return backend

@@ -1,5 +1,5 @@
-"""`launch bench [--nodes N] (--local | -i INVENTORY) [--op OP] [--min-bytes 8] [--max-bytes 1G]
-[--dtype float|bfloat16] [--nccl-tests] [--dry-run [--json]]`."""
+"""`launch bench [--nodes N] (--local | -i INVENTORY | --slurm) [--op OP] [--min-bytes 8]
+[--max-bytes 1G] [--dtype float|bfloat16] [--nccl-tests] [--dry-run [--json]]`."""
 
 from __future__ import annotations
 
@@ -109,6 +109,10 @@ def main(args) -> int:
     backend = backend_from_args(args, 2 if args.nodes is None else args.nodes)
     nodes = backend.nodes(args.nodes)
     if args.nccl_tests:
+        if backend.kind == "slurm":
+            raise LauncherError("--nccl-tests runs over SSH or on this machine; on Slurm, "
+                                "measure with the torch.distributed sweep (drop --nccl-tests) "
+                                "or srun the nccl-tests binary yourself")
         if backend.kind == "local":
             return bench_nccl_tests_local(args, run_id)
         return bench_nccl_tests_inventory(args, nodes, run_id)
@@ -140,8 +144,10 @@ def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
         return 0
     summary = backend.launch(recipe, nodes, run_id, LaunchOptions(args.runs_dir, args.grace),
                              program=program)
-    return finish_sweep(Path(args.runs_dir).resolve() / run_id, [n.name for n in nodes],
-                        summary["nproc_per_node"], args.instance_type or _instance_type(nodes))
+    # The nodes that ran, as the run names them (Slurm's only once it has placed the job).
+    return finish_sweep(Path(args.runs_dir).resolve() / run_id,
+                        [n["name"] for n in summary["nodes"]], summary["nproc_per_node"],
+                        args.instance_type or _instance_type(nodes))
 
 
 def finish_sweep(run_dir: Path, names: list[str], nproc: int, instance_type: str | None) -> int:

@@ -1,5 +1,6 @@
 """`launch lab up|down`: rehearse a cluster on one Linux box (root): SSH hosts in network
-namespaces, with an inventory `launch run -i` and `launch setup` can use."""
+namespaces, with an inventory `launch run -i` and `launch setup` can use; or, with --slurm, a
+Slurm cluster (slurmctld, one slurmd per host) that `launch run --slurm` submits to."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from launcher.lab import Lab
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lab", help="a lab cluster of SSH hosts in network namespaces (root)",
+    p = sub.add_parser("lab", help="a lab cluster of SSH or Slurm hosts in network namespaces "
+                                   "(root)",
                        description=__doc__)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="create N hosts, each with its own address and sshd")
@@ -18,6 +20,9 @@ def register(sub) -> None:
                     help="only host0 is reachable from this machine; the other hosts are on a "
                          "private network behind it and the inventory reaches them through it "
                          "(what `launch provision --public-ip head` makes)")
+    up.add_argument("--slurm", action="store_true",
+                    help="a Slurm cluster instead: munged, slurmctld and one slurmd per host "
+                         "(Debian's slurm-wlm and munge)")
     up.set_defaults(func=lab_up)
     down = actions.add_parser("down", help="stop the hosts and remove everything the lab made")
     down.add_argument("--dir", required=True)
@@ -25,6 +30,8 @@ def register(sub) -> None:
 
 
 def lab_up(args) -> int:
+    if args.slurm:
+        return slurm_lab_up(args)
     lab = Lab.create(args.dir, args.hosts, cap=args.cap, private_workers=args.private_workers)
     for host in lab.hosts:
         behind = (f", ranks on {host.rank_address}" if host.rank_address != host.address
@@ -38,7 +45,30 @@ def lab_up(args) -> int:
     return 0
 
 
+def slurm_lab_up(args) -> int:
+    import sys
+
+    from launcher.errors import LauncherError
+    from launcher.slurm_lab import SlurmLab
+
+    if args.cap:
+        raise LauncherError("--cap shapes the SSH lab's links; the Slurm lab has no --cap yet")
+    lab = SlurmLab.create(args.dir, args.hosts)
+    print("\n".join(lab.describe()))
+    print(f"use it:    {lab.export_line()}")
+    print(f"try:       launch run vit-tiny-local --slurm --nodes {len(lab.hosts)} "
+          f"--python {sys.executable}")
+    print(f"remove:    launch lab down --dir {lab.dir}")
+    return 0
+
+
 def lab_down(args) -> int:
+    from launcher.slurm_lab import SlurmLab
+
+    if SlurmLab.is_lab(args.dir):
+        SlurmLab.load(args.dir).destroy()
+        print(f"removed the Slurm lab in {args.dir}")
+        return 0
     Lab.load(args.dir).destroy()
     print(f"removed the lab in {args.dir}")
     return 0

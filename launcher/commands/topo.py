@@ -1,5 +1,5 @@
-"""`launch topo [--local | -i INVENTORY | --cluster NAME] [--nodes N] [--json]`: every node's
-GPU wiring."""
+"""`launch topo [--local | -i INVENTORY | --cluster NAME | --slurm] [--nodes N] [--json]`: every
+node's GPU wiring."""
 
 from __future__ import annotations
 
@@ -36,20 +36,20 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def node_output(node: Node, answer: NodeResult, instance_type: str | None) -> NodeOutput:
+def node_output(answer: NodeResult, instance_type: str | None) -> NodeOutput:
     """One node's `nvidia-smi topo -m` answer, or why there is none."""
     if answer.error is not None:  # unreachable, host key, authentication: named by host
-        return NodeOutput(node.name, instance_type, None, answer.error)
+        return NodeOutput(answer.node, instance_type, None, answer.error)
     if answer.exit_code == 127:
-        return NodeOutput(node.name, instance_type, None,
+        return NodeOutput(answer.node, instance_type, None,
                           "nvidia-smi is not installed: no NVIDIA driver, so no GPU topology "
                           "to read (a CPU machine uses gloo over TCP; `launch setup` installs "
                           "the driver on GPU nodes)")
     if answer.exit_code != 0:
         why = (answer.stderr or answer.stdout).strip().splitlines()[:1] or ["no output"]
-        return NodeOutput(node.name, instance_type, None,
+        return NodeOutput(answer.node, instance_type, None,
                           f"nvidia-smi topo -m exited with code {answer.exit_code}: {why[0]}")
-    return NodeOutput(node.name, instance_type, answer.stdout)
+    return NodeOutput(answer.node, instance_type, answer.stdout)
 
 
 def main(args) -> int:
@@ -58,8 +58,9 @@ def main(args) -> int:
     nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.kind == "local"
              else backend.nodes(args.nodes))
     answers = backend.run_on_all(nodes, NVIDIA_SMI_TOPO, timeout=TIMEOUT_S)
-    outputs = [node_output(n, answers[n.name], args.instance_type or n.instance_type)
-               for n in nodes]
+    # In the nodes' order; named as the backend answers (Slurm: the allocated nodes' names).
+    outputs = [node_output(answer, args.instance_type or node.instance_type)
+               for node, answer in zip(nodes, answers)]
     checked = check_topologies(outputs)
     print(json.dumps(checked, indent=2) if args.json else "\n".join(render(checked)))
     return 0 if checked["complete"] else 1

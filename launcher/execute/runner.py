@@ -78,9 +78,12 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
 
 def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  display=None, after: Callable[[], None] | None = None,
-                 grace_s: float = 5.0, store: NodeProcess | None = None) -> dict[str, Any]:
-    """Runs the plan (the rendezvous `store` process first, when given); returns the summary,
-    or raises RunFailed after writing it."""
+                 grace_s: float = 5.0, store: NodeProcess | None = None,
+                 services: list[NodeProcess] = (),
+                 extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Runs the plan (the rendezvous `store` process and other `services` first, when given);
+    returns the summary, or raises RunFailed after writing it. `extra` adds the backend's own
+    facts to the summary once `after` has run (Slurm: the job id and its final state)."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display)
@@ -89,7 +92,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                     f"logs in {folder.root}")
     try:
         outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
-                            services=[store] if store else [])
+                            services=[*([store] if store else []), *services])
     finally:
         display.close()
         router.close()
@@ -97,6 +100,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
     summary = build_summary(plan, outcome, folder, started, _now(), tails)
+    if extra is not None:
+        summary.update(extra())
     try:  # a run folder made read-only or full must not hide the run's outcome
         folder.gather_metrics([n.name for n in plan.nodes])
         folder.write_json("summary.json", summary)

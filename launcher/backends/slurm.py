@@ -1,0 +1,231 @@
+"""Slurm: the run is one batch job, submitted from the login node; Slurm picks the nodes.
+
+    launch run RECIPE --slurm --nodes N [--partition P] [--account A] [--time HH:MM:SS]
+                      [--sbatch-arg=--qos=high]... [--python PATH] [--gpus-per-node G]
+
+The job script (launcher/sbatch.py) starts one torchrun agent per node with srun and the
+rendezvous store on the first node; the run folder, where the code and every node's output
+go, must be on a filesystem the compute nodes share with the login node (Slurm's normal
+setup: home directories or a parallel filesystem). launch follows the nodes' files, shows the
+job's state, and stops the run by cancelling the job.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from launcher.backends import SLURM_FLAGS
+from launcher.backends.base import GroupResult, LaunchOptions, NodeResult, Program
+from launcher.errors import LauncherError
+from launcher.inventory import Node
+from launcher.plan import Placement, plan_run
+from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
+from launcher.sbatch import ADDR, HEAD_ADDR, IFACE, NODE, OMP_THREADS, SlurmJob
+from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
+
+MAX_SLURM_NODES = 4096
+
+
+def slurm_settings(recipe_block: Slurm | None, flags: dict[str, Any]) -> Slurm:
+    """The recipe's slurm block with the flags given on the command line on top (extra sbatch
+    arguments add to the recipe's: sbatch takes the last of a repeated option)."""
+    data = (recipe_block or Slurm()).model_dump()
+    for key, value in flags.items():
+        if value is None or value == []:
+            continue
+        data[key] = [*data[key], *value] if key == "sbatch_args" else value
+    try:
+        return Slurm.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else ""
+        where = SLURM_FLAGS.get(key, key) if key in flags and flags[key] not in (None, []) \
+            else f"slurm.{key}"
+        raise LauncherError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+class SlurmBackend:
+    kind = "slurm"
+
+    def __init__(self, flags: dict[str, Any] | None = None, cwd: str | None = None):
+        self.flags = flags or {}
+        self.cwd = cwd or os.getcwd()
+        slurm_settings(None, self.flags)   # a bad flag is reported before anything else
+
+    def settings(self, recipe: Recipe | None) -> Slurm:
+        return slurm_settings(recipe.slurm if recipe else None, self.flags)
+
+    # ---- Backend -------------------------------------------------------------------------
+    def describe(self, count: int) -> str:
+        part = self.flags.get("partition")
+        where = f"partition {part}" if part else "the default partition"
+        return f"{count} node(s) of a Slurm allocation ({where})"
+
+    def nodes(self, count: int | None) -> list[Node]:
+        """Stand-ins for the nodes Slurm will allocate, in the allocation's order: their names
+        and addresses are known once the job runs."""
+        count = 2 if count is None else count
+        if not 1 <= count <= MAX_SLURM_NODES:
+            raise LauncherError(f"--nodes {count}: a Slurm job has 1 to {MAX_SLURM_NODES} nodes")
+        gpus = self.flags.get("gpus_per_node")
+        return [Node(name=f"allocated{i}", address="", private_address="", gpus=gpus)
+                for i in range(count)]
+
+    def gpus(self, nodes: list[Node]) -> list[int]:
+        return [n.gpus or 0 for n in nodes]
+
+    def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
+             program: Program | None = None, rdzv_port: int | None = None) -> SlurmJob:
+        """The batch job, pure: nothing is asked of Slurm (a real run asks it in preflight)."""
+        settings = self.settings(recipe)
+        gpus = nodes[0].gpus if nodes[0].gpus is not None else settings.gpus_per_node
+        notes = []
+        if gpus is None:
+            notes.append("GPUs per node not known without asking Slurm: a real run takes "
+                         "them from the partition's GRES (gpu:N) or --gpus-per-node; "
+                         "nproc_per_node auto counts 1 here")
+        else:
+            check_recipe_for_hardware(recipe, [gpus] * len(nodes))
+            settings = settings.model_copy(update={"gpus_per_node": gpus})
+        notes.append("Slurm picks the nodes: the job script finds the first node (the head, "
+                     "where the rendezvous store runs) and each node's own address and "
+                     "interface when it runs")
+        run_dir = str(Path(self.cwd, runs_dir).resolve() / run_id)
+        template = Node(name=NODE, address=ADDR, private_address=ADDR, interface=IFACE,
+                        gpus=gpus or 0)
+        place = Placement(python=settings.python, code_dir="../code", run_dir=".",
+                          cwd=f"{run_dir}/{NODE}", extra_env={"OMP_NUM_THREADS": OMP_THREADS})
+        port = rdzv_port or recipe.rendezvous.port
+        planned = plan_run(recipe, [template] * len(nodes), run_id, {NODE: place},
+                           rdzv_port=port, rdzv_host=HEAD_ADDR, program=program)
+        return SlurmJob(run_id=run_id, recipe_name=recipe.name,
+                        recipe_source=recipe.source, run_dir=run_dir, nnodes=len(nodes),
+                        nproc_per_node=planned.nproc_per_node, rdzv_port=port,
+                        settings=settings, node=planned.nodes[0], store=planned.store,
+                        notes=tuple(notes))
+
+    def preflight(self, recipe: Recipe | None, count: int) -> Partition:
+        """Slurm's client commands are here and the partition has `count` nodes that take
+        jobs; every problem is an exit-2 error naming what to do."""
+        missing = missing_clients()
+        if missing:
+            raise SlurmError(f"the Slurm client commands {', '.join(missing)} are not on PATH: "
+                             "launch --slurm runs on a Slurm login node (apt-get install "
+                             "slurm-client; or load the cluster's slurm module)")
+        settings = self.settings(recipe)
+        found = partitions()
+        listing = "; ".join(p.describe() for p in found.values()) or "none"
+        if settings.partition:
+            names = settings.partition.split(",")
+            unknown = [n for n in names if n not in found]
+            if unknown:
+                raise SlurmError(f"--partition {settings.partition}: no partition "
+                                 f"{', '.join(unknown)} in {where_conf()}; partitions: {listing}")
+        else:
+            names = [p.name for p in found.values() if p.default]
+            if not names:
+                raise SlurmError(f"{where_conf()} has no default partition: pass --partition "
+                                 f"(or slurm.partition); partitions: {listing}")
+        chosen = [found[n] for n in names]
+        down = [p.name for p in chosen if not p.up]
+        if down and len(down) == len(chosen):
+            raise SlurmError(f"partition {', '.join(down)} is down; partitions: {listing}")
+        usable = sorted({n for p in chosen if p.up for n in p.usable})
+        if len(usable) < count:
+            raise SlurmError(
+                f"--nodes {count}: partition {', '.join(names)} has {len(usable)} node(s) that "
+                f"take jobs ({', '.join(usable) or 'none'}); partitions: {listing}")
+        merged = Partition(",".join(names), nodes={n: s for p in chosen
+                                                   for n, s in p.nodes.items()})
+        for p in chosen:
+            merged.cpus.update(p.cpus)
+            merged.gpus.update(p.gpus)
+        return merged
+
+    def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
+               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
+        from launcher.execute.slurm_job import run_job
+
+        partition = self.preflight(recipe, len(nodes))
+        if nodes[0].gpus is None and self.settings(recipe).gpus_per_node is None:
+            # A job gets the GPUs it asks for; ask for what every usable node has.
+            have = [partition.gpus.get(n, 0) for n in partition.usable]
+            nodes = [replace(n, gpus=min(have) if have else 0) for n in nodes]
+        job = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
+                        rdzv_port=rdzv_port)
+        return run_job(job, options, recipe.source if Path(recipe.source).is_file() else None)
+
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
+        """argv once on each of len(nodes) nodes, through srun in an allocation of its own;
+        results by the allocated nodes' names, in the allocation's order."""
+        self.preflight(None, len(nodes))
+        return srun_on_nodes(self.settings(None), len(nodes), argv, timeout)
+
+
+# ---- run_on_all ----------------------------------------------------------------------------
+
+# Each task names its node first and reports its command's exit code last.
+TASK_SCRIPT = 'echo "@launch-node $SLURMD_NODENAME"; "$@"; echo "@launch-exit $?"'
+
+
+def srun_argv(settings: Slurm, count: int, argv: list[str], timeout: float) -> list[str]:
+    minutes = max(1, math.ceil(timeout / 60))
+    out = ["srun", f"--nodes={count}", "--ntasks-per-node=1", "--label",
+           "--kill-on-bad-exit=0", f"--time={minutes}", "--job-name=launch-run-on-all"]
+    if settings.partition:
+        out.append(f"--partition={settings.partition}")
+    if settings.account:
+        out.append(f"--account={settings.account}")
+    return [*out, *settings.sbatch_args, "bash", "-c", TASK_SCRIPT, "launch-task", *argv]
+
+
+def parse_labelled(text: str) -> dict[int, list[str]]:
+    """srun --label output: "<task>: line" -> lines by task."""
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\d+): ?(.*)$", line)
+        if m:
+            out.setdefault(int(m[1]), []).append(m[2])
+    return out
+
+
+def srun_on_nodes(settings: Slurm, count: int, argv: list[str], timeout: float) -> GroupResult:
+    cmd = srun_argv(settings, count, argv, timeout)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        # The allocation may have to wait for nodes: a minute on top of the command's time.
+        out, err = proc.communicate(timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)   # srun cancels its step and gives the nodes back
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    stdout, stderr = parse_labelled(out), parse_labelled(err)
+    results: dict[str, NodeResult] = {}
+    for task in range(count):
+        lines = stdout.get(task, [])
+        name = next((ln.split(" ", 1)[1] for ln in lines if ln.startswith("@launch-node ")),
+                    f"task{task}")
+        code = next((int(ln.split(" ", 1)[1]) for ln in lines
+                     if ln.startswith("@launch-exit ") and ln.split(" ", 1)[1].isdigit()), None)
+        body = [ln for ln in lines if not ln.startswith(("@launch-node ", "@launch-exit "))]
+        if code is None:
+            own = [ln for ln in err.splitlines() if ln.startswith("srun:")]
+            why = " ".join(own[-3:]) or f"no answer from the node (srun exit {proc.returncode})"
+            results[name] = NodeResult(name, error=why)
+        else:
+            results[name] = NodeResult(name, code, "\n".join(body) + ("\n" if body else ""),
+                                       "\n".join(stderr.get(task, [])))
+    return GroupResult(results)

@@ -1,0 +1,319 @@
+"""A run as one Slurm batch job, as a value: the job script and the sbatch command line.
+
+Pure: built from the recipe and the run folder only, so `--dry-run` prints exactly what a real
+run submits, and contacts nothing. What only the allocation knows (the node names, the head's
+address, each node's own address and interface, its CPUs) the script finds on the nodes
+themselves; the plan holds markers for those values, rendered as the script's shell variables.
+
+    sbatch --parsable --job-name=RUN_ID --nodes=N --ntasks-per-node=1 ... RUN_DIR/job.sbatch
+
+The script runs on the allocation's first node (the head): it starts the rendezvous store
+there (train/rdzv_store.py), then one torchrun agent per node with `srun --kill-on-bad-exit=1`,
+and stops the store when srun ends. Every value from a recipe reaches the script through
+`shell_word` (shlex), never pasted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, replace
+from typing import Any
+
+from launcher.plan import NodeCommand, RunPlan
+from launcher.recipe import Slurm
+
+SCRIPT_NAME = "job.sbatch"
+AGENT_OUT = "agent.out"       # a node's torchrun output, in its folder
+EXIT_FILE = "exit_code"       # a node's torchrun exit code, written when it ends by itself
+JOB_OUT = "slurm-{job_id}.out"  # the batch script's own output (sbatch --output)
+STORE_OUT = "store.out"       # the rendezvous store's output, in the head's folder
+STORE_EXIT = "store_exit_code"  # written only when the store ended before the agents
+
+
+def marker(name: str) -> str:
+    """A value the job finds at run time, written as the shell variable `name`. NUL can occur
+    in no argument, environment value or recipe value, so no recipe can forge a marker."""
+    return f"\0{name}\0"
+
+
+NODE = marker("node")             # the node's Slurm name ($SLURMD_NODENAME)
+ADDR = marker("addr")             # the node's own address: its route's source to the head
+IFACE = marker("iface")           # the interface holding that address
+HEAD_ADDR = marker("head_addr")   # the allocation's first node's address (NodeAddr)
+OMP_THREADS = marker("omp_threads")  # the node's CPUs in the job divided by its ranks
+
+
+def shell_word(value: str) -> str:
+    """One argument as one shell word: literal text quoted with shlex, markers as the double-
+    quoted variable. The one place where recipe values meet the shell."""
+    parts = value.split("\0")
+    if len(parts) % 2 == 0:
+        raise ValueError(f"unbalanced marker in {value!r}")
+    words = [f'"${{{part}}}"' if i % 2 else shlex.quote(part)
+             for i, part in enumerate(parts) if i % 2 or part]
+    return "".join(words) or "''"
+
+
+def fill(value: str, values: dict[str, str]) -> str:
+    """The value with its markers replaced (unknown ones as "${name}", how the script says it)."""
+    parts = value.split("\0")
+    return "".join(values.get(part, f"${{{part}}}") if i % 2 else part
+                   for i, part in enumerate(parts))
+
+
+def comment(text: str) -> str:
+    """A shell comment line: a newline in a path must not end it."""
+    return "# " + re.sub(r"[\r\n]", " ", text)
+
+
+def command_lines(env: dict[str, str], argv: tuple[str, ...] | list[str],
+                  indent: str) -> str:
+    """`env K=V ... PROGRAM ARGS` as shell words, a line per variable and per option."""
+    words = ["env"] + [shell_word(f"{k}={v}") for k, v in env.items()]
+    lines = [" ".join(words[:1]), *words[1:]] if env else []
+    current: list[str] = []
+    previous = "-"
+    for arg in argv:
+        # A line per option with its value, and one for the program after its launcher's
+        # options (the first plain word that follows a value).
+        if current and (arg.startswith("--") or not (arg.startswith("-")
+                                                     or previous.startswith("-"))):
+            lines.append(" ".join(current))
+            current = []
+        current.append(shell_word(arg))
+        previous = arg
+    lines.append(" ".join(current))
+    return f" \\\n{indent}  ".join(lines)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The batch job of one run: what --dry-run prints and what a real run submits."""
+
+    run_id: str
+    recipe_name: str
+    recipe_source: str
+    run_dir: str                 # absolute; on a filesystem the compute nodes share
+    nnodes: int
+    nproc_per_node: int
+    rdzv_port: int
+    settings: Slurm
+    node: NodeCommand            # every node's agent, markers for what the node finds itself
+    store: NodeCommand           # the rendezvous store on the head
+    notes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.run_dir}/{SCRIPT_NAME}"
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        return fill(self._endpoint(), {})
+
+    def _endpoint(self) -> str:
+        return self.node.argv[self.node.argv.index("--rdzv-endpoint") + 1]
+
+    # ---- the sbatch command line ------------------------------------------------------
+    def sbatch_argv(self, sbatch: str = "sbatch") -> list[str]:
+        s = self.settings
+        # The extra arguments first: one missing its value (`--qos` alone) then swallows one
+        # of launch's options, which sbatch refuses, rather than the script's path.
+        argv = [sbatch, "--parsable", *s.sbatch_args, f"--job-name={self.run_id}",
+                f"--nodes={self.nnodes}",
+                # One run is one attempt: a job Slurm requeued (its node failed) would start
+                # again into the same run folder while launch reports the first one's end.
+                "--ntasks-per-node=1", "--no-requeue", f"--chdir={self.run_dir}",
+                f"--output={self.run_dir}/{JOB_OUT.format(job_id='%j')}"]
+        if s.exclusive:
+            argv.append("--exclusive")
+        if s.partition:
+            argv.append(f"--partition={s.partition}")
+        if s.account:
+            argv.append(f"--account={s.account}")
+        if s.time:
+            argv.append(f"--time={s.time}")
+        if s.gpus_per_node:
+            argv.append(f"--gpus-per-node={s.gpus_per_node}")
+        return [*argv, self.script_path]
+
+    # ---- the script --------------------------------------------------------------------
+    def script(self) -> str:
+        run_dir = shell_word(self.run_dir)
+        node_cmd = command_lines(self.node.env, self.node.argv, "  ")
+        store_cmd = command_lines(self.store.env, self.store.argv, "  ")
+        header = comment(f"launch run {self.run_id}: recipe {self.recipe_name} "
+                         f"({self.recipe_source}), {self.nnodes} node(s) x "
+                         f"{self.nproc_per_node} process(es)")
+        submitted = comment(f"Submitted by launch: {shlex.join(self.sbatch_argv())}")
+        return f"""#!/bin/bash
+{header}
+{submitted}
+# Runs on the allocation's first node, the head: starts the rendezvous store there, then one
+# torchrun agent per node (srun), and stops the store when srun ends.
+set -u
+
+# One node: its address is the source address of its route to the head, its interface the one
+# holding that address (GLOO/NCCL_SOCKET_IFNAME); its agent runs in the node's own folder.
+run_node() {{
+  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped=
+  mkdir -p {run_dir}/"$node" && cd {run_dir}/"$node" || exit 1
+  exec >{AGENT_OUT} 2>&1
+  addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
+  iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')
+  if [ -z "$addr" ] || [ -z "$iface" ]; then
+    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
+    echo 1 >{EXIT_FILE}
+    exit 1
+  fi
+  # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
+  omp_threads=$(( ${{SLURM_CPUS_ON_NODE:-1}} / {self.nproc_per_node} ))
+  [ "$omp_threads" -ge 1 ] || omp_threads=1
+  echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
+  # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
+  # workers, or Slurm would count the node done while they still run; a node stopped so
+  # records -15 (SIGTERM), one that ended by itself its agent's exit code.
+  trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM
+  {node_cmd} &
+  agent=$!
+  while :; do
+    wait "$agent"
+    code=$?
+    kill -0 "$agent" 2>/dev/null || break
+  done
+  [ -z "$stopped" ] || code=-15
+  echo "$code" >{EXIT_FILE}
+  exit "$code"
+}}
+export -f run_node
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node -o "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+# NodeAddr may be a name: the store and the agents want the address.
+head_addr=$(getent ahostsv4 "$head_addr" | awk 'NR == 1 {{print $1}}')
+if [ -z "$head_addr" ]; then
+  echo "launch: no IPv4 address for the head node $head (its NodeAddr in scontrol show node)"
+  exit 1
+fi
+echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
+
+# The rendezvous store, a process of its own on the head: no agent's exit can take the
+# rendezvous down with it.
+mkdir -p {run_dir}/"$head" || exit 1
+(
+  node=$head
+  cd {run_dir}/"$node" || exit 1
+  exec {store_cmd}
+) >{run_dir}/"$head"/{STORE_OUT} 2>&1 &
+store=$!
+srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
+  --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
+agents=$!
+
+# Whichever ends first: srun (the run is over) or the store (the run cannot go on).
+wait -n
+if kill -0 "$agents" 2>/dev/null; then
+  wait "$store"
+  code=$?
+  echo "$code" >{run_dir}/"$head"/{STORE_EXIT}
+  echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
+  kill -TERM "$agents"
+  wait "$agents"
+  exit 1
+fi
+wait "$agents"
+status=$?
+kill -TERM "$store" 2>/dev/null
+wait "$store"
+exit "$status"
+"""
+
+    # ---- printing ----------------------------------------------------------------------
+    def render(self) -> str:
+        s = self.settings
+        where = ", ".join(x for x in (f"partition {s.partition}" if s.partition else
+                                      "the default partition",
+                                      f"account {s.account}" if s.account else "",
+                                      f"time limit {s.time}" if s.time else "") if x)
+        lines = [
+            f"run {self.run_id}: recipe {self.recipe_name} ({self.recipe_source})",
+            f"  Slurm batch job: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = "
+            f"world size {self.world_size}, {where}; c10d rendezvous at {self.rdzv_endpoint} "
+            f"on the allocation's first node (id {self.run_id})",
+            *(f"  note: {note}" for note in self.notes),
+            "",
+            "submit:",
+            "  " + shlex.join(self.sbatch_argv()),
+            "",
+            f"{self.script_path}:",
+            self.script(),
+        ]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        def command(cmd: NodeCommand) -> dict[str, Any]:
+            return {"argv": [fill(a, {}) for a in cmd.argv],
+                    "env": {k: fill(v, {}) for k, v in cmd.env.items()},
+                    "cwd": fill(cmd.cwd or "", {})}
+
+        return {
+            "run_id": self.run_id,
+            "backend": "slurm",
+            "recipe": {"name": self.recipe_name, "source": self.recipe_source},
+            "rendezvous": {"backend": "c10d", "endpoint": self.rdzv_endpoint,
+                           "id": self.run_id},
+            "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
+            "world_size": self.world_size,
+            "run_dir": self.run_dir,
+            "sbatch": {"argv": self.sbatch_argv(), "script": self.script_path},
+            "script": self.script(),
+            "node": command(self.node),
+            "store": command(self.store),
+            "notes": list(self.notes),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    # ---- once Slurm has placed it ------------------------------------------------------
+    def run_plan(self, nodes: list[tuple[str, str]],
+                 found: dict[str, dict[str, str]] | None = None) -> RunPlan:
+        """The plan with the allocation's nodes, head first ((name, NodeAddr) pairs), and
+        what each node reported about itself (`found`, see node_facts), for plan.json and
+        the run's bookkeeping."""
+        found = found or {}
+        head_name, head_addr = nodes[0]
+        head_addr = found.get(head_name, {}).get("addr", head_addr)
+
+        def place(cmd: NodeCommand, name: str, addr: str, is_head: bool) -> NodeCommand:
+            values = {"node": name, "addr": addr, "head_addr": head_addr,
+                      **found.get(name, {})}
+            return replace(cmd, name=name, address=addr, private_address=values["addr"],
+                           is_head=is_head, argv=tuple(fill(a, values) for a in cmd.argv),
+                           env={k: fill(v, values) for k, v in cmd.env.items()},
+                           run_dir=f"{self.run_dir}/{name}",
+                           cwd=f"{self.run_dir}/{name}")
+
+        commands = tuple(place(self.node, name, addr, i == 0)
+                         for i, (name, addr) in enumerate(nodes))
+        return RunPlan(run_id=self.run_id, recipe_name=self.recipe_name,
+                       recipe_source=self.recipe_source,
+                       rdzv_endpoint=fill(self._endpoint(), {"head_addr": head_addr}),
+                       nproc_per_node=self.nproc_per_node, nodes=commands,
+                       notes=self.notes,
+                       store=place(self.store, head_name, head_addr, True))
+
+
+_FACTS = re.compile(r"^launch: node (?P<node>\S+): address (?P<addr>\S+), interface "
+                    r"(?P<iface>\S+), (?P<omp_threads>\d+) thread\(s\) per rank$")
+
+
+def node_facts(first_line: str) -> dict[str, str] | None:
+    """What a node's job script reported about itself (its first line of output)."""
+    m = _FACTS.match(first_line.strip())
+    return None if m is None else {k: m[k] for k in ("addr", "iface", "omp_threads")}

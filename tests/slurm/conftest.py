@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.slurm_lab import SlurmLab, slurm_lab_unavailable_reason
+from tests.conftest import launch_cmd
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(tmp_path_factory):
+    """A two-host Slurm cluster (slurmctld, a slurmd per network namespace), shared by the
+    tests of a module (each ends its own jobs), removed afterwards even when a test fails."""
+    reason = slurm_lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    lab = SlurmLab.create(tmp_path_factory.mktemp("slurmlab") / "lab", hosts=2)
+    yield lab
+    lab.destroy()
+
+
+def slurm_env(lab: SlurmLab) -> dict[str, str]:
+    """How a user on the login node points launch at the lab; nothing from the caller's own
+    Slurm setup."""
+    return {"SLURM_CONF": str(lab.conf)}
+
+
+def slurm_args(*args: str) -> list[str]:
+    """--slurm with the interpreter that has torch: the lab's nodes share this machine's."""
+    return ["--slurm", "--python", sys.executable, *args]
+
+
+def job_processes(lab: SlurmLab) -> dict[str, list[str]]:
+    """What runs on each host besides its slurmd: must be nothing once a run has ended."""
+    left = {}
+    for host in lab.hosts:
+        found = []
+        for pid in lab.job_pids(host.name):
+            try:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                             .decode(errors="replace").strip())
+            except OSError:
+                continue
+        if found:
+            left[host.name] = found
+    return left
+
+
+def worker_pids(lab: SlurmLab, host: str) -> list[int]:
+    """Trainer ranks (not their torchrun agent) running on a lab host."""
+    found = []
+    for pid in lab.job_pids(host):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"torch.distributed.run" not in args and any(a.endswith(b"train/main.py")
+                                                        for a in args):
+            found.append(pid)
+    return found
+
+
+def jobs(lab: SlurmLab) -> list[str]:
+    """Job ids slurmctld knows (any state)."""
+    proc = lab.client(["squeue", "--noheader", "--states=all", "--format=%i %T"])
+    return proc.stdout.split("\n") if proc.stdout.strip() else []
+
+
+class SlurmLaunch:
+    """`launch run --slurm` in the background, for tests that interrupt it."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
+        self.log = cwd / "launch.out"
+        self._out = open(self.log, "w")
+        self.proc = subprocess.Popen(launch_cmd(*args), cwd=cwd, stdout=self._out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **env})
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._out.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
