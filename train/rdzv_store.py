@@ -16,6 +16,7 @@ Imports only torch, like the trainer.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from datetime import timedelta
@@ -28,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True, help="the head node's private address")
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args(argv)
-    # Leave on SIGTERM/SIGINT through the normal exit path (the store closes its socket).
+    # Leave at once on SIGTERM/SIGINT: nothing to flush, and the interpreter's normal exit
+    # with torch loaded took ~1.7 s of every run's end. The kernel closes the socket.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: sys.exit(0))
+        signal.signal(sig, lambda *_: os._exit(0))
     from torch.distributed import TCPStore
 
     try:
