@@ -90,7 +90,8 @@ def check(tmp_path: Path, **env: str) -> dict[str, tuple[str, str]]:
         (bin_dir / name).chmod(0o755)
     (tmp_path / "torch").mkdir(exist_ok=True)
     (tmp_path / "torch" / "__init__.py").write_text(TORCH)
-    expect = {**EXPECT, "fi_info": str(bin_dir / "fi_info"), "python": sys.executable}
+    expect = {**EXPECT, "fi_info": str(bin_dir / "fi_info"), "python": sys.executable,
+              "gdr": env.pop("LAUNCH_CHECK_EXPECT_GDR", EXPECT["gdr"])}
     values = {"SMI_VERSION": "580.95.05", "DRIVER_PKG": "580.95.05-1", "FM_PKG": "580.95.05-1",
               "FABRIC": "Completed, Success", "DKMS_KERNEL": KERNEL,
               "RUNNING": "nvidia-fabricmanager nvidia-persistenced", "SMI_FAIL": "", **env}
@@ -143,3 +144,11 @@ def test_a_module_built_for_another_kernel_fails_dkms(tmp_path):
     status, evidence = check(tmp_path, DKMS_KERNEL="5.15.0-1000-aws")["dkms"]
     assert status == "fail"
     assert evidence.startswith(f"no nvidia module built for the running kernel {KERNEL}")
+
+
+def test_gpudirect_rdma_is_required_where_the_instance_type_has_it(tmp_path):
+    # This machine's EFA devices (none) show no NVIDIA p2p provider: on a p4d that is a failure.
+    results = check(tmp_path, LAUNCH_CHECK_EXPECT_GDR="True")
+    assert results["efa"] == ("fail", "fi_info -p efa: 4 device(s); p4d.24xlarge supports "
+                                      "GPUDirect RDMA but no EFA device has NVIDIA's p2p provider "
+                                      "(/sys/class/infiniband/*/device/p2p)")

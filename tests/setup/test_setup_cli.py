@@ -85,3 +85,16 @@ def test_verify_takes_no_tags(run_launch, inventory):
     proc = run_launch("setup", "-i", str(inventory), "--verify", "--tags", "nccl")
     assert proc.returncode == 2
     assert "--verify runs the node checks only: drop --tags" in proc.stderr
+
+
+@pytest.mark.slow
+def test_verify_names_an_unreachable_host_in_its_table(run_launch, inventory):
+    proc = run_launch("setup", "-i", str(inventory), "--verify", timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("host "))
+    assert lines[header].split() == ["host", "driver", "gpus", "dkms", "fabric_manager",
+                                     "persistence", "efa", "nccl", "torch"]
+    assert lines[header + 1].split() == ["node7", "UNREACHABLE"]
+    assert "node7 unreachable at 'Gathering Facts':" in proc.stdout
+    assert "Connection refused" in proc.stdout

@@ -200,7 +200,8 @@ class Checks:
         if len(domains) != expected:
             return "fail", f"{seen}, expected {expected} ({where}); {gdr_text}"
         if str(e.get("gdr")).lower() == "true" and self.pci_gpus and not gdr:
-            return "fail", f"{seen}; {e.get('instance_type')} supports GPUDirect RDMA but {gdr_text}"
+            return "fail", (f"{seen}; {e.get('instance_type')} supports GPUDirect RDMA but no EFA "
+                            "device has NVIDIA's p2p provider (/sys/class/infiniband/*/device/p2p)")
         return "ok", f"{seen} = {where}; {gdr_text}"
 
     def nccl(self) -> tuple[str, str]:
