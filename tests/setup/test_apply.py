@@ -309,7 +309,9 @@ def gpu(second, node):
         "launch_platform_nvidia_gpus": ["0000:10:1c.0", "0000:10:1d.0"],
         "launch_platform_nvswitches": ["0000:c0:00.0"],
         "launch_platform_efa_devices": ["0xefa1"]}))
-    inv = node.write_inventory(node.workdir / "gpu.yml", nccl_version=NCCL_NEW_PIN, gpus=2)
+    # Whatever NCCL the node has now (the pin-change test moves it): the GPU runs leave it be.
+    nccl = package_versions(node)["libnccl2"]
+    inv = node.write_inventory(node.workdir / "gpu.yml", nccl_version=nccl, gpus=2)
     return inv, bus
 
 
@@ -452,8 +454,9 @@ def test_a_driver_that_does_not_come_up_fails_setup_naming_host_check_and_eviden
 def test_a_branch_switch_moves_exactly_the_driver_family(gpu_second, gpu, node, launch_setup):
     inv, bus = gpu
     before = package_versions(node)
-    switched = node.write_inventory(node.workdir / "gpu-590.yml", nccl_version=NCCL_NEW_PIN,
-                                    gpus=2, nvidia_driver_branch="590")
+    switched = node.write_inventory(node.workdir / "gpu-590.yml", gpus=2,
+                                    nccl_version=package_versions(node)["libnccl2"],
+                                    nvidia_driver_branch="590")
     run = launch_setup("-i", str(switched), "-e", f"@{bus}", "--tags", "nvidia_driver")
     assert run.proc.returncode == 0, run.output
     after = package_versions(node)
