@@ -39,8 +39,9 @@ catalog when the instance type is known) and the run report.
 
 --nccl-tests runs the nccl-tests binary instead (<op>_perf from --nccl-tests-dir, where
 `launch setup` builds it): with --local, one process over this machine's GPUs; with -i, on the
-head node, through mpirun across all nodes when there is more than one (needs the MPI build of
-nccl-tests and SSH between the nodes).
+head node, through mpirun across all nodes when there is more than one: a hostfile with a slot
+per GPU, one rank per GPU, and -x for each setting of the head's /etc/launch/nccl.env (the MPI
+build of nccl-tests and the SSH between the nodes come from `launch setup`).
 
 Exit codes: 0 measured; 1 the sweep failed (logs kept in the run folder) or counted wrong
 elements; 2 bad arguments or nccl-tests not installed.
@@ -252,16 +253,27 @@ def bench_nccl_tests_inventory(args, nodes: list[Node], run_id: str) -> int:
     test = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
                                  warmup_iters=args.warmup_iters, iters=args.iters,
                                  gpus=max(1, gpus))
-    argv = test if len(nodes) == 1 else bench.mpirun_argv(
-        bench.MPIRUN, [n.private_address for n in nodes], max(1, gpus),
-        {"NCCL_DEBUG": "INFO"}, test)
     head = nodes[0]
+    options = None if args.dry_run else SshOptions.from_args(args)
+    # The head's /etc/launch/nccl.env (EFA nodes): NCCL_*, FI_* and LD_LIBRARY_PATH for every
+    # rank, and it says which Open MPI the node has. A dry run connects to nothing.
+    node_env = {}
+    if len(nodes) > 1 and not args.dry_run:
+        found = run_on_node(head, ["cat", head.env_file], options, timeout=60)
+        node_env = bench.parse_env_text(found.stdout) if found.exit_code == 0 else {}
+    hostfile = f"/tmp/launch-{run_id}.hostfile"
+    argv = test if len(nodes) == 1 else bench.with_hostfile(
+        bench.hostfile_text([n.private_address for n in nodes], max(1, gpus)), hostfile,
+        bench.mpirun_argv(bench.mpi_prefix(node_env), hostfile, len(nodes), max(1, gpus),
+                          {"NCCL_DEBUG": "INFO", **node_env}, test))
     if args.dry_run:
+        note = (f"\n  (and -x KEY=VALUE for each setting in {head.env_file} on {head.name}, "
+                "whose FI_PROVIDER=efa also selects the EFA installer's Open MPI)"
+                if len(nodes) > 1 else "")
         print(json.dumps({"run_id": run_id, "node": head.name, "argv": argv}) if args.json
               else f"run {run_id}: nccl-tests from {head.name} ({head.address})\n"
-                   f"  {shlex.join(argv)}")
+                   f"  {shlex.join(argv)}{note}")
         return 0
-    options = SshOptions.from_args(args)
     result = run_on_node(head, argv, options, timeout=3600)
     folder = RunFolder.create(args.runs_dir, run_id)
     folder.write_json("plan.json", {
@@ -275,9 +287,9 @@ def bench_nccl_tests_inventory(args, nodes: list[Node], run_id: str) -> int:
                                        if result.exit_code == 0 else "failed",
                                        "exit_code": result.exit_code})
     if result.exit_code == 127:
-        raise LauncherError(f"host {head.name}: {argv[0]} is not installed there. `launch "
-                            "setup` builds nccl-tests on GPU nodes (for several nodes with "
-                            "nccl_tests_mpi: true); or drop --nccl-tests")
+        raise LauncherError(f"host {head.name}: {binary} or mpirun is not installed there. "
+                            "`launch setup` builds nccl-tests with MPI on GPU nodes; or drop "
+                            "--nccl-tests")
     if result.exit_code != 0:
         raise RunFailed(f"host {head.name}: nccl-tests exited with code {result.exit_code}; "
                         f"output in {log / 'node.log'}")

@@ -1,5 +1,6 @@
-"""`launch setup -i INVENTORY [--check] [--tags ...] [--limit HOST] [-e VARS] [--cluster NAME]`:
-prepare nodes with Ansible (playbooks/site.yml, run by launcher.setup.apply)."""
+"""`launch setup -i INVENTORY [--check | --verify] [--tags ...] [--limit HOST] [-e VARS]
+[--cluster NAME]`: prepare nodes with Ansible (playbooks/site.yml, run by launcher.setup.apply),
+or check them (launcher.setup.verify)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ from launcher.yamlfile import YamlFileError, load_yaml_file
 
 HELP = """\
 Applies playbooks/site.yml to every host of an Ansible YAML inventory through ansible-runner:
-NVIDIA's CUDA repository keyring, the pinned driver branch (GPU nodes), libnccl2/libnccl-dev at
-the pinned version (held), the AWS EFA software (nodes with EFA devices), a Python virtual
-environment with pinned torch (/opt/launch/venv, the inventory's launch_python), nccl-tests
-(nodes with CUDA), and one facts JSON per node fetched to this machine.
+NVIDIA's CUDA repository keyring, the pinned driver branch with fabric manager on NVSwitch
+systems (GPU nodes, held, rebooted into and checked), libnccl2/libnccl-dev at the pinned
+version (held), the AWS EFA software (nodes with EFA devices), a Python virtual environment with
+pinned torch (/opt/launch/venv, the inventory's launch_python), SSH between the nodes for
+mpirun, nccl-tests built with MPI (nodes with CUDA), one facts JSON per node fetched to this
+machine, and the node checks.
+
+--verify runs only the read-only checks (driver, GPUs, kernel module, fabric manager,
+persistence, EFA, NCCL, torch) and prints one table of hosts and checks; exit 1 when a check
+fails. It changes nothing, so it suits nodes someone else set up.
 
 Each host/task result is printed as it arrives, then a summary per host and every failure
 with its task and message. The full log stays in $LAUNCH_HOME/setup/<timestamp>-*/.
@@ -34,11 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("-i", "--inventory", required=True, type=Path, metavar="INVENTORY",
                         help="Ansible YAML inventory (the one `launch run -i` reads)")
-    parser.add_argument("--check", action="store_true",
-                        help="Ansible's check mode: report what would change, change nothing")
-    parser.add_argument("--syntax-check", action="store_true",
-                        help="only check that the bundled playbooks and the inventory parse "
-                             "(ansible-playbook --syntax-check); reaches no host")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="Ansible's check mode: report what would change, change nothing")
+    mode.add_argument("--verify", action="store_true",
+                      help="only the read-only node checks, printed as a table of hosts and "
+                           "checks (exit 1 when one fails)")
+    mode.add_argument("--syntax-check", action="store_true",
+                      help="only check that the bundled playbooks and the inventory parse "
+                           "(ansible-playbook --syntax-check); reaches no host")
     parser.add_argument("--tags", nargs="+", metavar="TAG", default=[],
                         help=f"only these roles (space or comma separated): {', '.join(ROLE_TAGS)}")
     parser.add_argument("--limit", metavar="HOST",
@@ -78,5 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.syntax_check:
         return syntax_check(args.inventory)
+    if args.verify:
+        from launcher.setup.verify import run_verify
+
+        if args.tags:
+            raise LauncherError("--verify runs the node checks only: drop --tags")
+        return run_verify(args.inventory, limit=args.limit, cluster=args.cluster,
+                          extra_vars=parse_extra_vars(args.extra_vars))
     return run_setup(args.inventory, check=args.check, tags=args.tags, limit=args.limit,
                      cluster=args.cluster, extra_vars=parse_extra_vars(args.extra_vars))

@@ -37,7 +37,6 @@ STEP_FACTOR = 2
 RESULTS_FILE = "bench-results.json"  # what train/bench.py's rank 0 writes in its node folder
 # Where the nccl_tests role installs the binaries (playbooks/roles/nccl_tests/defaults).
 NCCL_TESTS_DIR = "/opt/launch/nccl-tests/bin"
-MPIRUN = "/opt/amazon/openmpi/bin/mpirun"  # the EFA installer's Open MPI
 
 NOT_MEASURED = Measurement(time_us=None, algbw=None, busbw=None, wrong=None)
 
@@ -157,18 +156,57 @@ def nccl_tests_argv(binary: str, *, min_bytes: int, max_bytes: int, dtype: str,
             "-g", str(gpus)]
 
 
-def mpirun_argv(mpirun: str, hosts: list[str], gpus_per_node: int, env: dict[str, str],
-                test_argv: list[str]) -> list[str]:
+# Open MPI on the nodes, as the nccl_tests role builds against it: the EFA installer's on EFA
+# nodes, the distribution's (openmpi-bin) elsewhere.
+MPI_PREFIX_EFA = "/opt/amazon/openmpi"
+MPI_PREFIX_DISTRO = "/usr"
+
+
+def mpi_prefix(env: dict[str, str]) -> str:
+    """Which Open MPI a node has, from its /etc/launch/nccl.env (written on EFA nodes only)."""
+    return MPI_PREFIX_EFA if env.get("FI_PROVIDER") == "efa" else MPI_PREFIX_DISTRO
+
+
+def parse_env_text(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of /etc/launch/nccl.env (`#` comments; no quoting or expansion)."""
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def hostfile_text(addresses: list[str], gpus_per_node: int) -> str:
+    """Open MPI's hostfile: one line per node, a slot per GPU."""
+    return "".join(f"{address} slots={gpus_per_node}\n" for address in addresses)
+
+
+def mpirun_argv(prefix: str, hostfile: str, nodes: int, gpus_per_node: int,
+                env: dict[str, str], test_argv: list[str]) -> list[str]:
     """nccl-tests across nodes: one MPI rank per GPU (-g 1), started from the head node.
 
-    Needs the MPI build of nccl-tests (nccl_tests_mpi: true in the nccl_tests role) and SSH
-    from the head to the other nodes. `-x` hands NCCL's and libfabric's settings to every rank.
+    Needs the MPI build of nccl-tests (the nccl_tests role's default) and SSH from node to node
+    (the cluster_ssh role: Open MPI's daemons start each other over SSH). `--prefix` lets the
+    other nodes find Open MPI's daemon where it is not on a login shell's PATH. MPI only starts
+    the ranks: its own traffic stays on TCP (`pml ^cm,ucx`, `btl tcp,self`) while NCCL picks EFA
+    or sockets itself. `-x` hands NCCL's and libfabric's settings to every rank.
     """
-    argv = [mpirun, "--allow-run-as-root", "-np", str(len(hosts) * gpus_per_node),
-            "-H", ",".join(f"{h}:{gpus_per_node}" for h in hosts),
-            "--bind-to", "none", "--map-by", f"ppr:{gpus_per_node}:node"]
+    argv = [f"{prefix}/bin/mpirun", "--allow-run-as-root", "--prefix", prefix,
+            "--hostfile", hostfile, "-np", str(nodes * gpus_per_node),
+            "--map-by", f"ppr:{gpus_per_node}:node", "--bind-to", "none",
+            "--mca", "pml", "^cm,ucx", "--mca", "btl", "tcp,self",
+            "--mca", "btl_tcp_if_exclude", "lo,docker0"]
     for key, value in env.items():
         argv += ["-x", f"{key}={value}"]
     per_rank = list(test_argv)
     per_rank[per_rank.index("-g") + 1] = "1"
     return argv + per_rank
+
+
+def with_hostfile(text: str, path: str, argv: list[str]) -> list[str]:
+    """argv preceded by writing the hostfile on the same node, in one remote command; the file's
+    text and path travel as arguments, never inside the script."""
+    return ["sh", "-c", 'printf "%s" "$1" > "$2" && shift 2 && exec "$@"', "launch-bench",
+            text, path, *argv]

@@ -21,18 +21,49 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launcher.bundled import playbooks_dir
+from launcher.catalog import BUILTIN, NVSWITCH
 from launcher.errors import LauncherError
-from launcher.inventory import load_inventory
+from launcher.inventory import Node, load_inventory
 from launcher.home import cluster_dir, launch_home
 
 PLAYBOOK = "site.yml"
 # The tags site.yml gives its roles; --tags accepts these.
-ROLE_TAGS = ("cuda_keyring", "nvidia_driver", "nccl", "efa", "python_env", "nccl_tests",
-             "node_facts")
+ROLE_TAGS = ("cuda_keyring", "nvidia_driver", "nccl", "efa", "python_env", "cluster_ssh",
+             "nccl_tests", "node_facts", "node_checks")
+# Instance types whose EFA carries GPUDirect RDMA (AWS's EFA documentation lists P4d, P4de and
+# P5 for it); node_checks fails the efa check there when the NVIDIA p2p provider is missing.
+GPUDIRECT_RDMA_TYPES = frozenset({"p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge"})
+CHECK_TASK = "Run the node checks"  # roles/node_checks/tasks/run.yml
 
 
 class SetupError(LauncherError):
     """`launch setup` could not start (bad tag, no ansible-playbook); nothing was applied."""
+
+
+def catalog_vars(nodes: list[Node], inventory: Path) -> dict[str, dict[str, Any]]:
+    """launch_platform_catalog: what the catalog says of the inventory's instance types.
+
+    Refuses (before anything runs) a GPU instance type without `gpus` in the inventory: the
+    driver checks need to know how many GPUs the node must show.
+    """
+    missing = [f"{n.name} is a {n.instance_type} with {BUILTIN[n.instance_type].gpu_count} GPUs "
+               f"but has no `gpus`: set gpus: {BUILTIN[n.instance_type].gpu_count} in its host "
+               "variables" for n in nodes
+               if n.instance_type in BUILTIN and BUILTIN[n.instance_type].gpu_count > 0
+               and n.gpus is None]
+    if missing:
+        raise SetupError(f"{inventory}: " + "; ".join(missing) + ". Nothing was changed.")
+    catalog = {}
+    for itype in sorted({n.instance_type for n in nodes if n.instance_type in BUILTIN}):
+        facts = BUILTIN[itype]
+        catalog[itype] = {
+            "gpus": facts.gpu_count,
+            # launch provision attaches one EFA interface per network card, up to the limit.
+            "efa": min(facts.network_cards, facts.efa_max_interfaces) if facts.efa_supported else 0,
+            "nvswitch": facts.interconnect == NVSWITCH,
+            "gdr": itype in GPUDIRECT_RDMA_TYPES,
+        }
+    return catalog
 
 
 def facts_dir(inventory: Path, cluster: str | None) -> Path:
@@ -65,6 +96,8 @@ class SetupReport:
 
     counts: dict[str, HostCounts] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    # host -> node_checks results ({"check", "status", "evidence"}), the last run per host.
+    checks: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
 def _task_label(data: dict[str, Any]) -> str:
@@ -95,13 +128,14 @@ def _result_message(res: dict[str, Any]) -> str:
 class ProgressPrinter:
     """ansible-runner event handler: one line per host and task result, as they arrive."""
 
-    def __init__(self, hosts: list[str], out: TextIO, log: TextIO):
+    def __init__(self, hosts: list[str], out: TextIO, log: TextIO, echo: bool = True):
         self.width = max((len(h) for h in hosts), default=8)
         self.out, self.log = out, log
+        self.echo = echo
         self.report = SetupReport()
 
     def line(self, text: str) -> None:
-        for stream in (self.out, self.log):
+        for stream in (self.out, self.log) if self.echo else (self.log,):
             stream.write(text + "\n")
             stream.flush()
 
@@ -132,6 +166,11 @@ class ProgressPrinter:
                 self._line_for(host, "info", f"{role} : {msg}" if role else msg)
             else:
                 self._host_line(host, "changed" if changed else "ok", data)
+            if data.get("task", "").strip() == CHECK_TASK and res.get("stdout"):
+                try:
+                    self.report.checks[host] = json.loads(res["stdout"])["checks"]
+                except (ValueError, KeyError, TypeError):
+                    pass
         elif kind == "runner_on_skipped":
             # Skipped tasks (the other branch of a when) go to the log only: on the terminal
             # they would outnumber the tasks that ran. The summary counts them.
@@ -206,6 +245,22 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
     inventory's launch_cluster (written by `launch provision`) names it. `extra_vars` override
     every other variable (Ansible's -e), e.g. {"launch_platform_reboot_allowed": False}.
     """
+    return apply_playbook(inventory, check=check, tags=tags, limit=limit, cluster=cluster,
+                          out=out, extra_vars=extra_vars).rc
+
+
+@dataclass
+class SetupRun:
+    rc: int
+    report: SetupReport
+    run_dir: Path
+
+
+def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | None = None,
+                   limit: str | None = None, cluster: str | None = None,
+                   out: TextIO | None = None, extra_vars: dict[str, Any] | None = None,
+                   echo: bool = True, what: str = "launch setup") -> SetupRun:
+    """run_setup's work, with the report kept; echo=False keeps the progress in the log only."""
     import ansible_runner  # imported here: `launch --help` should not pay for it
 
     out = out or sys.stdout
@@ -219,6 +274,7 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
     if cluster is None:
         cluster = next((n.extra.get("launch_cluster") for n in nodes
                         if n.extra.get("launch_cluster")), None)
+    catalog = catalog_vars(nodes, inventory)
     ansible_playbook = _ansible_playbook()
     playbooks = playbooks_dir()
     facts = facts_dir(inventory, cluster)
@@ -227,12 +283,14 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
     control_dir = Path(tempfile.mkdtemp(prefix="launch-ssh-"))
     hosts = [n.name for n in nodes]
     with open(run_dir / "progress.log", "w") as log:
-        printer = ProgressPrinter(hosts, out, log)
+        printer = ProgressPrinter(hosts, out, log, echo=echo)
         mode = " in check mode (nothing changes)" if check else ""
         scope = (f", limited to {limit}" if limit else "") + (
             f", tags {','.join(tags)}" if tags else "")
-        printer.line(f"launch setup{mode}: {len(hosts)} host(s) in {inventory}{scope}; "
-                     f"log in {run_dir}")
+        first = (f"{what}{mode}: {len(hosts)} host(s) in {inventory}{scope}; log in {run_dir}")
+        printer.line(first)
+        if not echo:
+            out.write(first + "\n")
         try:
             runner = ansible_runner.run(
                 private_data_dir=str(run_dir),
@@ -242,7 +300,9 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
                 limit=limit,
                 tags=",".join(tags) or None,
                 cmdline="--check" if check else None,
-                extravars={"node_facts_controller_dir": str(facts), **(extra_vars or {})},
+                extravars={"node_facts_controller_dir": str(facts),
+                           "cluster_ssh_controller_dir": str(facts.parent / "ssh"),
+                           "launch_platform_catalog": catalog, **(extra_vars or {})},
                 envvars={
                     # ansible-runner finds ansible-playbook on this PATH (its `binary` option
                     # would switch it to running a raw command without the playbook).
@@ -263,7 +323,8 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
             _close_ssh_masters(control_dir)
         report = printer.report
         if report.counts:
-            _print_summary(report, out, printer.width)
+            if echo:
+                _print_summary(report, out, printer.width)
             _print_summary(report, log, printer.width)
     rc = runner.rc or 0
     stdout_log = run_dir / "artifacts" / "ansible" / "stdout"
@@ -280,9 +341,10 @@ def run_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = 
     succeeded = [h for h, c in report.counts.items() if c.failed == 0 and c.unreachable == 0]
     if succeeded and not check and (not tags or "node_facts" in tags):
         out.write(f"\nnode facts: {facts}/<host>.json\n")
-    out.write(f"full log: {stdout_log}\n")
+    if echo:
+        out.write(f"full log: {stdout_log}\n")
     out.flush()
-    return rc
+    return SetupRun(rc, report, run_dir)
 
 
 def syntax_check(inventory: Path, out: TextIO | None = None) -> int:

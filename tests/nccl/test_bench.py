@@ -51,11 +51,13 @@ def test_nccl_tests_commands():
                            max_bytes=1 << 30, dtype="float", warmup_iters=5, iters=20, gpus=8)
     assert test == ["/opt/launch/nccl-tests/bin/all_reduce_perf", "-b", "8", "-e", "1073741824",
                     "-f", "2", "-d", "float", "-w", "5", "-n", "20", "-c", "1", "-g", "8"]
-    assert mpirun_argv("/opt/amazon/openmpi/bin/mpirun", ["10.0.0.5", "10.0.0.6"], 8,
-                       {"NCCL_DEBUG": "INFO"}, test) == [
-        "/opt/amazon/openmpi/bin/mpirun", "--allow-run-as-root", "-np", "16",
-        "-H", "10.0.0.5:8,10.0.0.6:8", "--bind-to", "none", "--map-by", "ppr:8:node",
-        "-x", "NCCL_DEBUG=INFO", *test[:-1], "1"]
+    assert mpirun_argv("/opt/amazon/openmpi", "/tmp/h", 2, 8,
+                       {"NCCL_DEBUG": "INFO", "FI_PROVIDER": "efa"}, test) == [
+        "/opt/amazon/openmpi/bin/mpirun", "--allow-run-as-root", "--prefix", "/opt/amazon/openmpi",
+        "--hostfile", "/tmp/h", "-np", "16", "--map-by", "ppr:8:node", "--bind-to", "none",
+        "--mca", "pml", "^cm,ucx", "--mca", "btl", "tcp,self",
+        "--mca", "btl_tcp_if_exclude", "lo,docker0",
+        "-x", "NCCL_DEBUG=INFO", "-x", "FI_PROVIDER=efa", *test[:-1], "1"]
 
 
 RESULTS = {

@@ -10,8 +10,10 @@ NVIDIA's package repository.
   /dev behind, even after a failed test.
 - The repository is signed with a key made for the session and served over HTTP from this
   machine's end of the veth pair. It holds packages with the real names (cuda-keyring,
-  libnccl2, libnccl-dev, cuda-drivers-570) at two versions each. The same server hands out a
-  stand-in AWS EFA installer that records its version and lays out the libraries as AWS's does.
+  libnccl2, libnccl-dev at two versions each; the NVIDIA driver's family for branches 580 and
+  590, which stand_ins.py describes) and the two the driver needs from the distribution's
+  archive (dkms, the running kernel's headers). The same server hands out a stand-in AWS EFA
+  installer that records its version, lays out the libraries as AWS's does and brings fi_info.
 - torch comes from a wheel directory (pip download, cached) bind-mounted read-only into the root.
 """
 
@@ -39,6 +41,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.setup import stand_ins
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LAUNCH_TEST_CACHE", "/var/cache/launch-tests"))
 DEBIAN_MIRROR = os.environ.get("LAUNCH_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -46,12 +50,14 @@ DEBIAN_MIRROR = os.environ.get("LAUNCH_TEST_DEBIAN_MIRROR", "http://deb.debian.o
 # the Debian packages python_env installs (the node cannot reach Debian's mirror).
 ROOT_PACKAGES = ["python3", "python3-apt", "python3-venv", "python3-packaging", "openssh-server",
                  "sudo", "gnupg", "ca-certificates"]
-# The node's torch: the CPU build of the version the controller uses, and what train/ needs.
+PYTHON_ENV_DEFAULTS = REPO / "launcher/playbooks/roles/python_env/defaults/main.yml"
+# The node's torch: the CPU build of the version the controller uses, and what train/ needs at
+# the role's pins for the node's Python (bookworm: 3.11).
 TORCH_VERSION = "2.13.0+cpu"
-WHEELS = [f"torch=={TORCH_VERSION}", "numpy==2.4.6", "scikit-learn==1.9.1"]
+NODE_PINS = yaml.safe_load(PYTHON_ENV_DEFAULTS.read_text())["python_env_packages_by_python"]["3.11"]
+WHEELS = [f"torch=={TORCH_VERSION}", *NODE_PINS]
 # Two versions of each stand-in package: the first is the test's pin, the second the pin change.
-NCCL_VERSIONS = ["2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8"]
-DRIVER_VERSIONS = ["570.124.06-1", "570.133.20-1"]
+NCCL_VERSIONS = ["2.28.9-1+cuda13.0", "2.29.7-1+cuda13.0"]
 KEYRING_VERSIONS = ["1.0-1", "1.1-1"]
 EFA_VERSION = "1.43.2"          # the efa role's pin
 NS_PREFIX = "launch-setup-"
@@ -148,6 +154,7 @@ class Lab:
     host_if: str
     host_ip: str
     node_ip: str
+    second_node_ip: str  # a second node in the same namespace (node-to-node SSH)
 
 
 def _remove_namespace(name: str) -> None:
@@ -178,15 +185,17 @@ def lab(lab_ready):
     used = _run(["ip", "-o", "addr", "show"]).stdout
     third = next(n for n in [pid % 250 + 1, *range(1, 251)] if f" 10.251.{n}." not in used)
     lab = Lab(netns=f"{NS_PREFIX}{pid}", host_if=f"lsu{pid % 10**7}",
-              host_ip=f"10.251.{third}.1", node_ip=f"10.251.{third}.2")
+              host_ip=f"10.251.{third}.1", node_ip=f"10.251.{third}.2",
+              second_node_ip=f"10.251.{third}.3")
     node_if = lab.host_if + "n"
     try:
         _run(["ip", "netns", "add", lab.netns])
         _run(["ip", "link", "add", lab.host_if, "type", "veth", "peer", "name", node_if])
         _run(["ip", "link", "set", node_if, "netns", lab.netns])
-        _run(["ip", "addr", "add", f"{lab.host_ip}/30", "dev", lab.host_if])
+        _run(["ip", "addr", "add", f"{lab.host_ip}/29", "dev", lab.host_if])
         _run(["ip", "link", "set", lab.host_if, "up"])
-        _run(["ip", "-n", lab.netns, "addr", "add", f"{lab.node_ip}/30", "dev", node_if])
+        for address in (lab.node_ip, lab.second_node_ip):
+            _run(["ip", "-n", lab.netns, "addr", "add", f"{address}/29", "dev", node_if])
         _run(["ip", "-n", lab.netns, "link", "set", node_if, "up"])
         _run(["ip", "-n", lab.netns, "link", "set", "lo", "up"])
         yield lab
@@ -217,24 +226,34 @@ def _new_key(home: Path, name: str) -> str:
     return next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
 
 
-def _deb(out_dir: Path, name: str, version: str, arch: str, files: dict[str, str | bytes],
-         depends: str = "", links: dict[str, str] | None = None) -> None:
+def _deb(out_dir: Path, name: str, version: str, arch: str, files: dict,
+         depends: str = "", links: dict[str, str] | None = None, conflicts: list[str] = (),
+         postinst: str = "", prerm: str = "") -> None:
+    """A .deb; a file's content is text, bytes, or (text, mode)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp)
         (tree / "DEBIAN").mkdir()
         control = [f"Package: {name}", f"Version: {version}", f"Architecture: {arch}",
                    "Maintainer: launch tests <tests@launch.invalid>",
-                   f"Description: stand-in for NVIDIA's {name} (launch setup tests)"]
+                   f"Description: stand-in for {name} (launch setup tests)"]
         if depends:
             control.append(f"Depends: {depends}")
+        if conflicts:
+            control += [f"Conflicts: {', '.join(conflicts)}", f"Replaces: {', '.join(conflicts)}"]
         (tree / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
+        for script, text in (("postinst", postinst), ("prerm", prerm)):
+            if text:
+                (tree / "DEBIAN" / script).write_text(text)
+                (tree / "DEBIAN" / script).chmod(0o755)
         for path, content in files.items():
             target = tree / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
+            content, mode = content if isinstance(content, tuple) else (content, 0o644)
             if isinstance(content, bytes):
                 target.write_bytes(content)
             else:
                 target.write_text(content)
+            target.chmod(mode)
         for path, target in (links or {}).items():
             (tree / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             (tree / path.lstrip("/")).symlink_to(target)
@@ -266,9 +285,16 @@ def _build_repo(repo: Path, gnupg_home: Path, base_url: str) -> None:
                                      f"#define NCCL_PATCH {patch}\n"},
              depends=f"libnccl2 (= {version})",
              links={f"{lib}/libnccl.so": "libnccl.so.2"})
-    for version in DRIVER_VERSIONS:
-        _deb(flat, "cuda-drivers-570", version, "amd64",
-             {"/usr/share/doc/cuda-drivers-570/README": f"stand-in driver {version}\n"})
+    for branch, versions in stand_ins.DRIVER_RELEASES.items():
+        for version in versions:
+            for package in stand_ins.driver_packages(branch, version):
+                _deb(flat, package["name"], version, "amd64", package["files"],
+                     depends=", ".join(package.get("depends", [])),
+                     conflicts=package.get("conflicts", []), postinst=package.get("postinst", ""),
+                     prerm=package.get("prerm", ""))
+    for package in stand_ins.distro_packages(platform.release()):
+        _deb(flat, package["name"], package["version"], package["arch"], package["files"],
+             links=package.get("links"))
     packages = _run(["apt-ftparchive", "packages", "."], cwd=flat).stdout
     (flat / "Packages").write_text(packages)
     _run(["gzip", "-9kn", "Packages"], cwd=flat)
@@ -287,9 +313,10 @@ def _build_repo(repo: Path, gnupg_home: Path, base_url: str) -> None:
 EFA_INSTALLER = """#!/bin/sh
 set -eu
 [ "$1" = -y ] || { echo "stand-in EFA installer: expected -y" >&2; exit 2; }
-mkdir -p /opt/amazon/efa/lib /opt/amazon/ofi-nccl/lib
+mkdir -p /opt/amazon/efa/lib /opt/amazon/efa/bin /opt/amazon/ofi-nccl/lib
 : > /opt/amazon/efa/lib/libfabric.so.1
 : > /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so
+cp fi_info /opt/amazon/efa/bin/fi_info
 printf '# EFA installer version: %s\\n# Debug packages installed: no\\n' "$(cat VERSION)" \\
   > /opt/amazon/efa_installed_packages
 """
@@ -302,6 +329,8 @@ def _build_efa_installer(folder: Path, version: str) -> None:
         (tree / "efa_installer.sh").write_text(EFA_INSTALLER)
         (tree / "efa_installer.sh").chmod(0o755)
         (tree / "VERSION").write_text(version)
+        (tree / "fi_info").write_text(stand_ins.FI_INFO)
+        (tree / "fi_info").chmod(0o755)
         folder.mkdir(parents=True, exist_ok=True)
         _run(["tar", "-C", tmp, "-czf", str(folder / f"aws-efa-installer-{version}.tar.gz"),
               "aws-efa-installer"])
@@ -349,7 +378,7 @@ def vendor_site(lab, tmp_path_factory):
 # ends), then become sshd inside the root. Paths arrive as arguments, not in the script text.
 NODE_INIT = r"""
 set -eu
-root=$1; wheels=$2; name=$3
+root=$1; wheels=$2; name=$3; address=$4
 mount --make-rprivate /
 mount -t proc proc "$root/proc"
 mount -t sysfs -o ro sysfs "$root/sys"
@@ -357,7 +386,7 @@ mount --rbind /dev "$root/dev"
 mkdir -p "$root/srv/wheels"
 mount --bind -o ro "$wheels" "$root/srv/wheels"
 hostname "$name"
-exec chroot "$root" /usr/sbin/sshd -D -e
+exec chroot "$root" /usr/sbin/sshd -D -e -o ListenAddress="$address"
 """
 
 
@@ -393,6 +422,8 @@ class LabNode:
             "cuda_keyring_retired_key_id": self.repo.retired_key_id,
             "efa_installer_url": self.repo.efa_installer_url,
             "nccl_version": NCCL_VERSIONS[0],
+            "launch_platform_reboot_command": stand_ins.REBOOT,
+            "launch_platform_boot_time_command": f"cat {stand_ins.BOOT_ID}",
             "python_env_torch_version": TORCH_VERSION,
             "python_env_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": WHEEL_MOUNT},
         }
@@ -441,6 +472,12 @@ def _prepare_root(root: Path, name: str, tarball: Path, public_key: str,
     policy.chmod(0o755)
     # Where a node imaged before April 2022 holds NVIDIA's old key (apt-key's legacy keyring).
     shutil.copy(retired_key, root / "etc/apt/trusted.gpg")
+    # The node's reboot (stand_ins.py) and the boot id Ansible's reboot module watches.
+    reboot = root / stand_ins.REBOOT.lstrip("/")
+    reboot.parent.mkdir(parents=True, exist_ok=True)
+    reboot.write_text(stand_ins.REBOOT_SCRIPT)
+    reboot.chmod(0o755)
+    (root / stand_ins.BOOT_ID.lstrip("/")).write_text("first-boot\n")
 
 
 @pytest.fixture(scope="session")
@@ -456,11 +493,14 @@ def make_node(lab, vendor_site, root_tarball, wheelhouse, ssh_key, tmp_path_fact
     """make_node(name) -> a running LabNode on a fresh root; one at a time per lab address."""
     started: list[LabNode] = []
 
-    def make(name: str = "node0") -> LabNode:
+    def make(name: str = "node0", second: bool = False) -> LabNode:
+        """A node at the lab's node address, or (second=True) beside it at the second one."""
+        address = lab.second_node_ip if second else lab.node_ip
         for node in started:
-            node.stop()
+            if node.address == address:
+                node.stop()
         work = tmp_path_factory.mktemp(name)
-        node = LabNode(name=name, root=work / "root", address=lab.node_ip, key=ssh_key,
+        node = LabNode(name=name, root=work / "root", address=address, key=ssh_key,
                         known_hosts=work / "known_hosts", repo=vendor_site,
                         log=work / "sshd.log", workdir=work)
         started.append(node)
@@ -470,7 +510,7 @@ def make_node(lab, vendor_site, root_tarball, wheelhouse, ssh_key, tmp_path_fact
             node.process = subprocess.Popen(
                 ["ip", "netns", "exec", lab.netns, "unshare", "--mount", "--pid", "--uts",
                  "--fork", "--kill-child", "sh", "-c", NODE_INIT, "node-init", str(node.root),
-                 str(wheelhouse), name],
+                 str(wheelhouse), name, address],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         _wait_for_port(node.address, 22, node.process, node.log)
         return node
@@ -498,7 +538,9 @@ class SetupRun:
 
     def events(self) -> list[dict]:
         folder = self.run_dir / "artifacts" / "ansible" / "job_events"
-        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+        # Files are named <counter>-<uuid>.json: ordered by the counter, not by name.
+        events = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+        return sorted(events, key=lambda e: e["counter"])
 
     def changed_tasks(self) -> list[str]:
         return sorted(f"{e['event_data'].get('host')}: {e['event_data'].get('role')} : "

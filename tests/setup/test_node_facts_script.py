@@ -1,8 +1,10 @@
 """The node_facts role's collector, run as the role runs it, against stand-in nvidia-smi output.
 
-The integration tests cover a CPU node; here fake `nvidia-smi` and `dpkg-query` programs print
-what they print on an 8x A100 node (formats from nvidia-smi 570 and dpkg), and the collector's
-JSON is compared whole. torch is the real one of this interpreter.
+The integration tests cover a CPU node; here fake `nvidia-smi`, `dpkg-query`, `fi_info` and
+`ldd` programs print what they print on an A100 node with EFA (formats from nvidia-smi 570,
+dpkg, libfabric's fi_info and glibc's ldd), and the collector's JSON is compared whole. torch is
+a stand-in module of a CUDA build, so the test does not depend on which torch build this
+machine has (a CUDA torch reports an NCCL version, a CPU one none).
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 SCRIPT = (Path(__file__).resolve().parents[2]
           / "launcher/playbooks/roles/node_facts/files/collect_node_facts.py")
@@ -46,9 +46,40 @@ esac
 
 FAKE_DPKG_QUERY = """#!/bin/sh
 case "$*" in
-  *libnccl2*) printf 'installed 2.26.2-1+cuda12.8' ;;
+  *libnccl2*) printf 'installed 2.29.7-1+cuda13.0' ;;
   *) exit 1 ;;
 esac
+"""
+
+# `fi_info -p efa -t FI_EP_RDM` on a node with two EFA devices, and `fi_info --version`.
+FAKE_FI_INFO = """#!/bin/sh
+if [ "$1" = --version ]; then
+  printf 'fi_info: 2.1.0amzn3.0\\nlibfabric: 2.1.0amzn3.0\\nlibfabric api: 2.1\\n'; exit 0
+fi
+for d in rdmap16s27 rdmap32s27; do
+  printf 'provider: efa\\n    fabric: efa\\n    domain: %s-rdm\\n    version: 122.0\\n    type: FI_EP_RDM\\n    protocol: FI_PROTO_EFA\\n' "$d"
+done
+"""
+
+FAKE_LDD = """#!/bin/sh
+printf '\\tlinux-vdso.so.1 (0x00007ffc2a1f5000)\\n'
+printf '\\tlibnccl.so.2 => %s (0x00007f3b6c000000)\\n' "$FAKE_NCCL"
+printf '\\tlibcudart.so.13 => /usr/local/cuda-13.0/lib64/libcudart.so.13 (0x00007f3b6bc00000)\\n'
+"""
+
+# A CUDA build of torch as the probe sees it.
+FAKE_TORCH = """__version__ = "2.13.0"
+
+
+class version:
+    cuda = "13.0"
+
+
+class cuda:
+    class nccl:
+        @staticmethod
+        def version():
+            return (2, 29, 7)
 """
 
 
@@ -64,6 +95,13 @@ def collect(tmp_path: Path, fakes: dict[str, str], **env: str) -> dict:
     for name, text in fakes.items():
         _tool(fake_bin, name, text)
     (tmp_path / "topology.txt").write_text(TOPOLOGY)
+    (tmp_path / "fake-torch" / "torch").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "fake-torch" / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    nccl = tmp_path / "lib" / "libnccl.so.2.29.7"
+    nccl.parent.mkdir(exist_ok=True)
+    nccl.write_text("")
+    if not (tmp_path / "lib" / "libnccl.so.2").exists():
+        (tmp_path / "lib" / "libnccl.so.2").symlink_to("libnccl.so.2.29.7")
     proc = subprocess.run(
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, check=True,
         env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
@@ -72,7 +110,10 @@ def collect(tmp_path: Path, fakes: dict[str, str], **env: str) -> dict:
              "LAUNCH_FACTS_CUDA_HOME": str(tmp_path / "cuda"),
              "LAUNCH_FACTS_ENV_FILE": str(tmp_path / "nccl.env"),
              "LAUNCH_FACTS_NCCL_TESTS_BIN": str(tmp_path / "nccl-tests"),
-             "LAUNCH_FACTS_PCI_GPUS": "2", "LAUNCH_FACTS_EFA_DEVICES": "4", **env},
+             "LAUNCH_FACTS_PCI_GPUS": "2", "LAUNCH_FACTS_EFA_DEVICES": "2",
+             "LAUNCH_FACTS_FI_INFO": str(fake_bin / "fi_info"),
+             "FAKE_NCCL": str(tmp_path / "lib" / "libnccl.so.2"),
+             "PYTHONPATH": str(tmp_path / "fake-torch"), **env},
         stdin=subprocess.DEVNULL)
     return json.loads(proc.stdout)
 
@@ -82,16 +123,17 @@ def test_a_gpu_node_is_described_whole(tmp_path):
     (tmp_path / "cuda" / "version.json").write_text(
         json.dumps({"cuda": {"name": "CUDA SDK", "version": "12.8.1"}}))
     (tmp_path / "nccl.env").write_text(
-        "# written by launch setup\nFI_PROVIDER=efa\nFI_EFA_USE_DEVICE_RDMA=1\n\n")
+        "# written by launch setup\nFI_PROVIDER=efa\nFI_EFA_FORK_SAFE=1\n\n")
     (tmp_path / "nccl-tests").mkdir()
     (tmp_path / "nccl-tests" / "all_reduce_perf").write_text("")
-    facts = collect(tmp_path, {"nvidia-smi": FAKE_SMI, "dpkg-query": FAKE_DPKG_QUERY})
+    facts = collect(tmp_path, {"nvidia-smi": FAKE_SMI, "dpkg-query": FAKE_DPKG_QUERY,
+                               "fi_info": FAKE_FI_INFO, "ldd": FAKE_LDD})
     for machine_specific in ("hostname", "os", "kernel", "architecture"):
         assert isinstance(facts.pop(machine_specific), str)
     assert facts == {
         "host": "gpu0",
         "pci_nvidia_gpus": 2,
-        "efa_devices": 4,
+        "efa_devices": 2,
         "gpus": [
             {"index": 0, "name": "NVIDIA A100-SXM4-40GB",
              "uuid": "GPU-0f3c1a52-88a1-4b1e-9b53-1f4c8c2e0a10", "pci_bus_id": "00000000:10:1C.0",
@@ -105,12 +147,16 @@ def test_a_gpu_node_is_described_whole(tmp_path):
         "nvidia_smi_error": None,
         "topology": TOPOLOGY,
         "cuda_toolkit_version": "12.8.1",
-        "nccl_package_version": "2.26.2-1+cuda12.8",
-        "nccl_version": "2.26.2",
-        "nccl_env": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"},
+        "nccl_package_version": "2.29.7-1+cuda13.0",
+        "nccl_version": "2.29.7",
+        "nccl_env": {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"},
         "nccl_tests_bin": str(tmp_path / "nccl-tests"),
-        "torch": {"python": sys.executable, "version": torch.__version__,
-                  "cuda": torch.version.cuda, "nccl": None},
+        "nccl_tests_nccl": "2.29.7",
+        # This machine has no EFA p2p provider: GPUDirect RDMA is not seen.
+        "efa": {"fi_info_devices": 2, "libfabric_version": "2.1.0amzn3.0",
+                "gpudirect_rdma": None},
+        "torch": {"python": sys.executable, "version": "2.13.0", "cuda": "13.0",
+                  "nccl": "2.29.7"},
     }
 
 

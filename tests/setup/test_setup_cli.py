@@ -65,3 +65,36 @@ def test_extra_vars_must_be_key_value_or_a_file_of_a_mapping(run_launch, invento
     proc = run_launch("setup", "-i", str(inventory), "-e", f"@{listing}")
     assert proc.returncode == 2
     assert f"{listing} must hold a mapping of variables" in proc.stderr
+
+
+def test_a_gpu_instance_type_without_gpus_is_refused_naming_host_and_key(run_launch, tmp_path):
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    gpu0:\n      ansible_host: 192.0.2.10\n"
+        "      instance_type: p4d.24xlarge\n      gpus: 8\n"
+        "    gpu1:\n      ansible_host: 192.0.2.11\n      instance_type: p4d.24xlarge\n")
+    for args in ([], ["--verify"]):
+        proc = run_launch("setup", "-i", str(inventory), *args)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert (f"{inventory}: gpu1 is a p4d.24xlarge with 8 GPUs but has no `gpus`: set gpus: 8 "
+                "in its host variables. Nothing was changed.") in proc.stderr
+        assert "gpu0" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_verify_takes_no_tags(run_launch, inventory):
+    proc = run_launch("setup", "-i", str(inventory), "--verify", "--tags", "nccl")
+    assert proc.returncode == 2
+    assert "--verify runs the node checks only: drop --tags" in proc.stderr
+
+
+@pytest.mark.slow
+def test_verify_names_an_unreachable_host_in_its_table(run_launch, inventory):
+    proc = run_launch("setup", "-i", str(inventory), "--verify", timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("host "))
+    assert lines[header].split() == ["host", "driver", "gpus", "dkms", "fabric_manager",
+                                     "persistence", "efa", "nccl", "torch"]
+    assert lines[header + 1].split() == ["node7", "UNREACHABLE"]
+    assert "node7 unreachable at 'Gathering Facts':" in proc.stdout
+    assert "Connection refused" in proc.stdout

@@ -10,6 +10,7 @@ a CPU node has no nvidia-smi and that is a fact too.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
@@ -100,6 +101,42 @@ def env_file(path: str) -> dict[str, str]:
     return values
 
 
+def efa_facts(fi_info: str) -> dict:
+    """What libfabric sees of the EFA devices, and whether GPUDirect RDMA works over them (an
+    NVIDIA peer-to-peer provider on the EFA devices, what AWS's own EFA tests look at)."""
+    facts = {"fi_info_devices": None, "libfabric_version": None, "gpudirect_rdma": None}
+    if not os.path.exists(fi_info):
+        return facts
+    out, _ = run([fi_info, "-p", "efa", "-t", "FI_EP_RDM"])
+    facts["fi_info_devices"] = len(set(re.findall(r"^\s*domain:\s*(\S+)", out or "", re.M)))
+    out, _ = run([fi_info, "--version"])
+    match = re.search(r"^libfabric:\s*(\S+)", out or "", re.M)
+    facts["libfabric_version"] = match.group(1) if match else None
+    for path in sorted(glob.glob("/sys/class/infiniband/*/device/p2p")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if "NVIDIA" in text:
+            facts["gpudirect_rdma"] = text.splitlines()[0]
+    return facts
+
+
+def linked_nccl(binary: str) -> str | None:
+    """The NCCL release nccl-tests load (libnccl.so.2 -> libnccl.so.2.29.7): the system's, not
+    the one torch's wheel bundles (both are in the facts, so a difference shows)."""
+    if not os.path.exists(binary):
+        return None
+    out, _ = run(["ldd", binary])
+    match = re.search(r"libnccl\.so\.\d+ => (\S+)", out or "")
+    if not match:
+        return None
+    real = os.path.basename(os.path.realpath(match.group(1)))
+    found = re.search(r"\.so\.(\d+\.\d+\.\d+)$", real)
+    return found.group(1) if found else real
+
+
 def torch_facts(python: str) -> dict:
     out, err = run([python, "-c", TORCH_PROBE])
     if out is None:
@@ -137,6 +174,8 @@ def main() -> None:
         **nccl_facts(env.get("LAUNCH_FACTS_NCCL_PACKAGE", "libnccl2")),
         "nccl_env": env_file(env.get("LAUNCH_FACTS_ENV_FILE", "/etc/launch/nccl.env")),
         "nccl_tests_bin": tests_bin if os.path.exists(os.path.join(tests_bin, "all_reduce_perf")) else None,
+        "nccl_tests_nccl": linked_nccl(os.path.join(tests_bin, "all_reduce_perf")),
+        "efa": efa_facts(env.get("LAUNCH_FACTS_FI_INFO", "/opt/amazon/efa/bin/fi_info")),
         "torch": torch_facts(env.get("LAUNCH_FACTS_PYTHON", "python3")),
     }
     print(json.dumps(facts, sort_keys=True))
