@@ -94,9 +94,9 @@ class Backend(Protocol):
                *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
         """Runs to the end; returns the run's summary or raises RunFailed (logs kept)."""
 
-    def run_on_all(self, nodes: list[Node], argv: list[str], *,
-                   timeout: float) -> GroupResult:
-        """argv on every node at once."""
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
+                   env: dict[str, str] | None = None) -> GroupResult:
+        """argv (with `env` added to the node's environment) on every node at once."""
 
 
 def print_plan(plan: Any, as_json: bool) -> None:

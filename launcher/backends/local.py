@@ -121,11 +121,12 @@ class LocalBackend:
                             display=options.display, after=lambda: reap_run(folder.stamp),
                             store=store)
 
-    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
+                   env: dict[str, str] | None = None) -> GroupResult:
         """Local nodes share one machine: the command runs once, answered for every node."""
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
             result = dict(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
         except FileNotFoundError:
             result = dict(exit_code=127, stderr=f"{argv[0]}: not found")

@@ -164,9 +164,12 @@ class SlurmBackend:
                         rdzv_port=rdzv_port)
         return run_job(job, options, recipe.source if Path(recipe.source).is_file() else None)
 
-    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
+                   env: dict[str, str] | None = None) -> GroupResult:
         """argv once on each of len(nodes) nodes, through srun in an allocation of its own;
         results by the allocated nodes' names, in the allocation's order."""
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         self.preflight(None, len(nodes))
         return srun_on_nodes(self.settings(None), len(nodes), argv, timeout)
 

@@ -131,8 +131,12 @@ class SshBackend:
         finally:
             close_all(conns)
 
-    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float) -> GroupResult:
+    def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
+                   env: dict[str, str] | None = None) -> GroupResult:
         from launcher.ssh import connect, remote
+
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
 
         def one(node: Node) -> NodeResult:
             try:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,16 +105,17 @@ def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
     run_id = check_run_id(args.run_id) if args.run_id else new_run_id(f"bench-{args.op}")
-    backend = backend_from_args(args, 2 if args.nodes is None else args.nodes)
-    nodes = backend.nodes(args.nodes)
+    local_nccl_tests = args.nccl_tests and not (args.inventory or args.cluster or args.slurm)
+    # nccl-tests on this machine is one process driving all its GPUs: one node.
+    count = 1 if local_nccl_tests else args.nodes
+    backend = backend_from_args(args, count or 2)
+    nodes = backend.nodes(count)
     if args.nccl_tests:
         if backend.kind == "slurm":
             raise LauncherError("--nccl-tests runs over SSH or on this machine; on Slurm, "
                                 "measure with the torch.distributed sweep (drop --nccl-tests) "
                                 "or srun the nccl-tests binary yourself")
-        if backend.kind == "local":
-            return bench_nccl_tests_local(args, run_id)
-        return bench_nccl_tests_inventory(args, nodes, run_id)
+        return bench_nccl_tests(args, backend, nodes, run_id)
     return bench_sweep(args, backend, nodes, run_id)
 
 
@@ -197,103 +196,77 @@ def finish(run_dir: Path, text: str, *, source: str, backend: str | None, dtype:
 # ----------------------------------------------------------------------------- nccl-tests
 
 
+# Prints the first argument that is not an executable file, and fails; nothing when all are.
+_FIRST_MISSING = 'for f; do [ -x "$f" ] || { echo "$f"; exit 1; }; done'
+
+
 def _nccl_tests_binary(args) -> str:
     return str(Path(args.nccl_tests_dir) / f"{args.op}_perf")
 
 
-def bench_nccl_tests_local(args, run_id: str) -> int:
-    from launcher.execute.local_agent import local_gpu_count
-
+def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
+    """The nccl-tests binary on the head node, through mpirun across the nodes when there are
+    several (the MPI build, SSH between the nodes: `launch setup` makes both)."""
     binary = _nccl_tests_binary(args)
-    if not args.dry_run and not os.access(binary, os.X_OK):
-        raise LauncherError(
-            f"nccl-tests are not installed here: no executable {binary}. `launch setup` builds "
-            "them on GPU nodes (role nccl_tests); pass --nccl-tests-dir for another build, or "
-            "drop --nccl-tests to measure with the torch.distributed sweep")
-    low, high = _sizes(args, lambda: [local_gpu_count()])
-    gpus = local_gpu_count()
-    argv = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
-                                 warmup_iters=args.warmup_iters, iters=args.iters,
-                                 gpus=max(1, gpus))
-    if args.dry_run:
-        print(json.dumps({"run_id": run_id, "argv": argv}) if args.json
-              else f"run {run_id}: nccl-tests on this machine\n  {shlex.join(argv)}")
-        return 0
-    folder = RunFolder.create(args.runs_dir, run_id)
-    node_dir = folder.node_dir("node0")
-    node_dir.mkdir()
-    # NCCL's debug lines go to files, as in `launch run`, so the table stays clean and the
-    # run report reads the transports.
-    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{node_dir}/nccl-debug.%h.%p.log"}
-    folder.write_json("plan.json", {
-        "run_id": run_id, "world_size": max(1, gpus), "nnodes": 1,
-        "nodes": [{"name": "node0", "gpus": gpus, "argv": argv, "env": env,
-                   "instance_type": args.instance_type}]})
-    proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
-    (node_dir / "node.log").write_text(proc.stdout + proc.stderr)
-    folder.write_json("summary.json", {"run_id": run_id,
-                                       "status": "succeeded" if proc.returncode == 0
-                                       else "failed", "exit_code": proc.returncode})
-    if proc.returncode != 0:
-        tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).splitlines()[-20:])
-        raise RunFailed(f"{binary} exited with code {proc.returncode}; last lines:\n{tail}\n"
-                        f"full output in {node_dir / 'node.log'}")
-    return finish(folder.root, proc.stdout, source="nccl-tests", backend="nccl",
-                  dtype=args.dtype, nnodes=1, instance_type=args.instance_type)
-
-
-def bench_nccl_tests_inventory(args, nodes: list[Node], run_id: str) -> int:
-    from launcher.nccl.remote import run_on_node
-    from launcher.ssh import SshOptions
-
-    binary = _nccl_tests_binary(args)
-    gpus = _gpus(nodes[0])
-    low, high = _sizes(args, lambda: [_gpus(n) for n in nodes])
-    test = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
-                                 warmup_iters=args.warmup_iters, iters=args.iters,
-                                 gpus=max(1, gpus))
     head = nodes[0]
-    options = None if args.dry_run else SshOptions.from_args(args)
+    gpus = max(1, backend.gpus([head])[0])
+    low, high = _sizes(args, lambda: backend.gpus(nodes))
+    test = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
+                                 warmup_iters=args.warmup_iters, iters=args.iters, gpus=gpus)
     # The head's /etc/launch/nccl.env (EFA nodes): NCCL_*, FI_* and LD_LIBRARY_PATH for every
     # rank, and it says which Open MPI the node has. A dry run connects to nothing.
     node_env = {}
     if len(nodes) > 1 and not args.dry_run:
-        found = run_on_node(head, ["cat", head.env_file], options, timeout=60)
-        node_env = bench.parse_env_text(found.stdout) if found.exit_code == 0 else {}
+        found = backend.run_on_all([head], ["cat", head.env_file], timeout=60)[head.name]
+        node_env = bench.parse_env_text(found.stdout) if found.ok else {}
     hostfile = f"/tmp/launch-{run_id}.hostfile"
     argv = test if len(nodes) == 1 else bench.with_hostfile(
-        bench.hostfile_text([n.private_address for n in nodes], max(1, gpus)), hostfile,
-        bench.mpirun_argv(bench.mpi_prefix(node_env), hostfile, len(nodes), max(1, gpus),
+        bench.hostfile_text([n.private_address for n in nodes], gpus), hostfile,
+        bench.mpirun_argv(bench.mpi_prefix(node_env), hostfile, len(nodes), gpus,
                           {"NCCL_DEBUG": "INFO", **node_env}, test))
+    where = "this machine" if backend.kind == "local" else f"{head.name} ({head.address})"
     if args.dry_run:
         note = (f"\n  (and -x KEY=VALUE for each setting in {head.env_file} on {head.name}, "
                 "whose FI_PROVIDER=efa also selects the EFA installer's Open MPI)"
                 if len(nodes) > 1 else "")
         print(json.dumps({"run_id": run_id, "node": head.name, "argv": argv}) if args.json
-              else f"run {run_id}: nccl-tests from {head.name} ({head.address})\n"
-                   f"  {shlex.join(argv)}{note}")
+              else f"run {run_id}: nccl-tests on {where}\n  {shlex.join(argv)}{note}")
         return 0
-    result = run_on_node(head, argv, options, timeout=3600)
+    needed = [binary] + ([f"{bench.mpi_prefix(node_env)}/bin/mpirun"] if len(nodes) > 1 else [])
+    missing = backend.run_on_all([head], ["sh", "-c", _FIRST_MISSING, "launch-check", *needed],
+                                 timeout=60)[head.name]
+    if missing.error is not None:
+        raise LauncherError(f"host {head.name}: {missing.error}")
+    if missing.exit_code != 0:
+        raise LauncherError(
+            f"nccl-tests are not installed on {where}: no executable {missing.stdout.strip()}. "
+            "`launch setup` builds them (with MPI) on GPU nodes (role nccl_tests); pass "
+            "--nccl-tests-dir for another build, or drop --nccl-tests to measure with the "
+            "torch.distributed sweep")
     folder = RunFolder.create(args.runs_dir, run_id)
+    node_dir = folder.node_dir(head.name)
+    node_dir.mkdir()
+    # On this machine NCCL's debug lines go to files, as in `launch run`, so the table stays
+    # clean and the run report reads the transports.
+    env = ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{node_dir}/nccl-debug.%h.%p.log"}
+           if backend.kind == "local" else {})
     folder.write_json("plan.json", {
-        "run_id": run_id, "nnodes": len(nodes), "world_size": len(nodes) * max(1, gpus),
+        "run_id": run_id, "nnodes": len(nodes), "world_size": len(nodes) * gpus,
         "nodes": [{"name": n.name, "gpus": n.gpus, "argv": argv if n is head else [],
-                   "instance_type": n.instance_type} for n in nodes]})
-    log = folder.node_dir(head.name)
-    log.mkdir()
-    (log / "node.log").write_text(result.stdout + result.stderr)
-    folder.write_json("summary.json", {"run_id": run_id, "status": "succeeded"
-                                       if result.exit_code == 0 else "failed",
+                   "env": env if n is head else {}, "instance_type": n.instance_type}
+                  for n in nodes]})
+    result = backend.run_on_all([head], argv, timeout=3600, env=env)[head.name]
+    output = result.stdout + result.stderr + (result.error or "")
+    (node_dir / "node.log").write_text(output)
+    folder.write_json("summary.json", {"run_id": run_id,
+                                       "status": "succeeded" if result.ok else "failed",
                                        "exit_code": result.exit_code})
-    if result.exit_code == 127:
-        raise LauncherError(f"host {head.name}: {binary} or mpirun is not installed there. "
-                            "`launch setup` builds nccl-tests with MPI on GPU nodes; or drop "
-                            "--nccl-tests")
+    if result.error is not None:
+        raise RunFailed(f"host {head.name}: {result.error}")
     if result.exit_code != 0:
-        raise RunFailed(f"host {head.name}: nccl-tests exited with code {result.exit_code}; "
-                        f"output in {log / 'node.log'}")
+        tail = "\n".join(f"  {line}" for line in output.splitlines()[-20:])
+        raise RunFailed(f"{where}: nccl-tests exited with code {result.exit_code}; last "
+                        f"lines:\n{tail}\nfull output in {node_dir / 'node.log'}")
     return finish(folder.root, result.stdout, source="nccl-tests", backend="nccl",
                   dtype=args.dtype, nnodes=len(nodes),
                   instance_type=args.instance_type or _instance_type(nodes))
-

@@ -120,8 +120,8 @@ def test_the_sweep_checks_results_exactly(op, world):
 def test_nccl_tests_not_installed_says_so(run_launch, tmp_path):
     proc = run_launch("bench", "--local", "--nccl-tests", "--nccl-tests-dir", str(tmp_path))
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"launch: error: nccl-tests are not installed here: no "
-                                  f"executable {tmp_path}/all_reduce_perf.")
+    assert proc.stderr.startswith(f"launch: error: nccl-tests are not installed on this "
+                                  f"machine: no executable {tmp_path}/all_reduce_perf.")
     assert not (tmp_path / "runs").exists()
 
 

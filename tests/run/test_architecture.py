@@ -76,7 +76,7 @@ def test_every_module_imports_in_any_order(seed):
 
 # What placing and running processes needs; commands reach it only through a backend.
 EXECUTION = ("subprocess", "fabric", "paramiko", "launcher.execute", "launcher.preflight",
-             "launcher.plan", "launcher.ssh", "launcher.nccl.remote")
+             "launcher.plan", "launcher.ssh")
 
 
 def imports_anywhere(path: Path) -> set[str]:
