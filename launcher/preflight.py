@@ -114,6 +114,9 @@ except OSError:
 if port:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the rendezvous store binds: connections of a run that just ended (TIME_WAIT)
+        # do not make the port busy, a process listening on it does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((addr, port))
             out["port_free"] = True
