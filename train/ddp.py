@@ -3,10 +3,13 @@ and the measured choices behind `comm_hook: auto` and `bucket_cap_mb: auto`."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -117,7 +120,7 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
     elif settings.comm_hook == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif settings.comm_hook in ("powersgd", AUTO):
-        state = powerSGD_hook.PowerSGDState(
+        state = ResumablePowerSGDState(
             process_group=None,
             matrix_approximation_rank=settings.powersgd_rank,
             start_powerSGD_iter=NEVER if settings.comm_hook == AUTO
@@ -125,11 +128,112 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
             use_error_feedback=settings.powersgd_error_feedback,
             warm_start=settings.powersgd_warm_start,
         )
-        hook = powerSGD_hook.powerSGD_hook
+        hook = track_buckets(powerSGD_hook.powerSGD_hook)
         ddp.register_comm_hook(state, hook if device.type == "cuda" else OneBucketAtATime(hook))
     elif settings.comm_hook != "none":
         raise ValueError(f"unknown comm_hook {settings.comm_hook!r}; expected one of {COMM_HOOKS}")
     return ddp, state
+
+
+# ---- the hook's state in a checkpoint --------------------------------------------------------
+
+
+class ResumablePowerSGDState(powerSGD_hook.PowerSGDState):
+    """PowerSGD's state, plus what restoring it from a checkpoint needs: the length of the bucket
+    each per-bucket tensor (error feedback, warm-start P and Q) belongs to, and restored tensors
+    held back until DDP's buckets have that layout again.
+
+    Why held back: a fresh DDP runs its first iteration on buckets in parameter order and only
+    then rebuilds them in the order gradients became ready (the layout the saved tensors were
+    made for). Applying a saved residual to a bucket of another length would fail, or mix
+    gradients of other parameters."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bucket_numel: dict[int, int] = {}
+        self.held: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+
+    def apply_held(self, index: int, numel: int, device: torch.device) -> None:
+        held = self.held.get(index)
+        if held is None or held[0] != numel:
+            return
+        tables = {"error": self.error_dict, "p": self.p_memory_dict, "q": self.q_memory_dict}
+        for name, tensor in held[1].items():
+            tables[name][index] = tensor.to(device)
+        del self.held[index]
+
+
+def track_buckets(hook):
+    """The PowerSGD hook, recording each bucket's length and applying restored state to buckets
+    of the length it was saved for."""
+
+    @functools.wraps(hook)
+    def tracked(state, bucket):
+        buffer = bucket.buffer()
+        index, numel = bucket.index(), buffer.numel()
+        if state.bucket_numel.get(index, numel) != numel:
+            # This bucket index now holds other gradients (the layout changed): its tensors
+            # belong to the old one.
+            for table in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+                table.pop(index, None)
+        state.bucket_numel[index] = numel
+        if state.held:
+            state.apply_held(index, numel, buffer.device)
+        return hook(state, bucket)
+
+    return tracked
+
+
+def _np_state(rng: np.random.RandomState) -> dict[str, Any]:
+    """A numpy generator's state as tensors and numbers (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _set_np_state(rng: np.random.RandomState, saved: dict[str, Any]) -> None:
+    rng.set_state((saved["name"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                   saved["has_gauss"], saved["cached_gaussian"]))
+
+
+def hook_checkpoint(state) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(shared, this rank's) state of the comm hook for a checkpoint, on CPU. Shared: the same
+    on every rank (iteration counter, when PowerSGD starts, its random generator). Per rank: the
+    error-feedback residuals (each rank's own) and the warm-start P/Q, per bucket."""
+    if not isinstance(state, ResumablePowerSGDState):
+        return None, None
+    shared = {"iter": state.iter, "start_powerSGD_iter": state.start_powerSGD_iter,
+              "rng": _np_state(state.rng),
+              "numel_before": state.total_numel_before_compression,
+              "numel_after": state.total_numel_after_compression}
+    buckets = {}
+    for index, numel in state.bucket_numel.items():
+        tensors = {}
+        for name, table in (("error", state.error_dict), ("p", state.p_memory_dict),
+                            ("q", state.q_memory_dict)):
+            if index in table:
+                tensors[name] = table[index].detach().to("cpu", copy=True)
+        if tensors:
+            buckets[index] = {"numel": numel, "tensors": tensors}
+    # Restored tensors not yet applied (saved again before the layout came back) stay too.
+    for index, (numel, tensors) in state.held.items():
+        buckets.setdefault(index, {"numel": numel, "tensors": tensors})
+    return shared, {"buckets": buckets}
+
+
+def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | None) -> None:
+    if not isinstance(state, ResumablePowerSGDState) or shared is None:
+        return
+    state.iter = shared["iter"]
+    state.start_powerSGD_iter = shared["start_powerSGD_iter"]
+    _set_np_state(state.rng, shared["rng"])
+    state.total_numel_before_compression = shared["numel_before"]
+    state.total_numel_after_compression = shared["numel_after"]
+    state.error_dict.clear()
+    state.p_memory_dict.clear()
+    state.q_memory_dict.clear()
+    state.held = {index: (entry["numel"], entry["tensors"])
+                  for index, entry in (mine or {}).get("buckets", {}).items()}
 
 
 # ---- bucket_cap_mb: auto ----------------------------------------------------------------
@@ -219,6 +323,24 @@ class AutoCompression:
         self.decision: AutoDecision | None = None
         self._trial_from: int | None = None
         self._share = self._allreduce_s = 0.0
+        # Steps done before this process started (a resumed run): `steps` counts this
+        # process's steps only, decisions are reported in the run's steps.
+        self.step_offset = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decision": None if self.decision is None else self.decision.to_json()}
+
+    def load_state_dict(self, saved: dict[str, Any], resumed_at_step: int) -> None:
+        """A decision made before the checkpoint stands (the hook's restored state carries it
+        out); one still being measured starts again from the resumed step, with plain
+        all-reduce: the timings it had are gone with the process that took them."""
+        self.step_offset = resumed_at_step
+        decision = (saved or {}).get("decision")
+        if decision is not None:
+            self.decision = AutoDecision(**decision)
+            return
+        self.decision, self._trial_from = None, None
+        self.state.start_powerSGD_iter = NEVER
 
     def _agree(self, values: list[float], device) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
@@ -271,10 +393,10 @@ class AutoCompression:
             return {**self.decision.to_json(), "last_steps_used":
                     "powersgd" if self.uses_powersgd() else "all-reduce"}
         if self._trial_from is None:
-            needed = self.skip + self.window
+            needed = self.skip + self.window + self.step_offset
             phase = "the measurement of plain all-reduce"
         else:
-            needed = self._trial_from + 1 + self.window
+            needed = self._trial_from + 1 + self.window + self.step_offset
             phase = "the PowerSGD trial"
         return {
             "choice": "undecided",
@@ -288,7 +410,8 @@ class AutoCompression:
         }
 
     def _decide(self, choice: str, step: int, psgd_s: float | None, reason: str) -> AutoDecision:
-        self.decision = AutoDecision(choice, reason, step, round(self._share, 4),
+        self.decision = AutoDecision(choice, reason, step + self.step_offset,
+                                     round(self._share, 4),
                                      round(self._allreduce_s, 6),
                                      None if psgd_s is None else round(psgd_s, 6))
         return self.decision

@@ -64,7 +64,7 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     code_dir = trainer_code_dir()
     files = code_files(code_dir)
     local_hash = content_hash(code_dir, files)
-    folder = RunFolder.create(launch.runs_dir, plan.run_id)
+    folder = RunFolder.for_launch(launch.runs_dir, plan.run_id, resume=launch.resume)
 
     def ship_one(name: str) -> str:
         return ship(conns[name], by_name[name], commands[name].cwd, code_dir, files,
@@ -88,13 +88,19 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     store = SshNodeProcess(plan.store, head, conns[head.name], options, folder.stamp,
                            label="store")
 
+    by_proc = {p.name: p for p in procs}
+
     def collect() -> None:
         def fetch(name: str):
-            return fetch_tree(conns[name], commands[name].cwd, folder.node_dir(name))
+            # The node process's connection: opened again if it dropped during the run.
+            return fetch_tree(by_proc[name].connection(), commands[name].cwd,
+                              folder.node_dir(name))
 
         for name, result in in_parallel(fetch, list(commands)).items():
             if isinstance(result, Exception):
                 print(f"launch: warning: {result}")
+        for proc in procs:
+            proc.close()
 
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
                         display=launch.display, store=store)
