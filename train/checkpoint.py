@@ -119,6 +119,8 @@ class Stats:
 
     saves: int = 0
     blocking_s: float = 0.0
+    exchange_s: float = 0.0     # the ranks' parts gathered (a collective)
+    copy_s: float = 0.0         # the model and optimizer copied to CPU
     write_s: float = 0.0
     waited_s: float = 0.0
     last_bytes: int = 0
@@ -128,6 +130,9 @@ class Stats:
         return {"saves": self.saves, "blocking_s": round(self.blocking_s, 6),
                 "blocking_s_per_save": round(self.blocking_s / self.saves, 6)
                 if self.saves else None,
+                "exchange_s_per_save": round(self.exchange_s / self.saves, 6)
+                if self.saves else None,
+                "copy_s_per_save": round(self.copy_s / self.saves, 6) if self.saves else None,
                 "write_s_per_save": round(self.write_s / self.saves, 6) if self.saves else None,
                 "waited_for_previous_s": round(self.waited_s, 6),
                 "bytes": self.last_bytes, "failures": self.failures}
@@ -229,6 +234,7 @@ class Checkpointer:
         self._last_save_at = time.monotonic()
         if not self.is_keeper:
             return
+        t1 = time.perf_counter()
         meta = {
             "format": files.FORMAT, "step": run.step, "epoch": run.epoch,
             "offset": run.step - run.epoch * run.steps_per_epoch, "total": run.total,
@@ -242,8 +248,11 @@ class Checkpointer:
             "auto": run.auto.state_dict() if run.auto is not None else None,
             "ranks": parts,
         }
+        t2 = time.perf_counter()
         self.writer.submit(state, meta)
         self.stats.saves += 1
+        self.stats.exchange_s += t1 - t0
+        self.stats.copy_s += t2 - t1
         self.stats.blocking_s += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -272,6 +281,7 @@ class Checkpointer:
     def restore(self, run) -> dict[str, Any] | None:
         """Load the latest checkpoint into `run` on every rank; returns its meta, or None when
         there is none. Raises SystemExit when it was written under other settings."""
+        t0 = time.perf_counter()
         header: list = [None]
         state = None
         if self.is_keeper:
@@ -298,7 +308,7 @@ class Checkpointer:
         dist.scatter_object_list(mine, state["ranks"] if self.is_keeper else None,
                                  src=self.keeper)
         self._apply(run, head["meta"], shared[0], mine[0])
-        return {**head["meta"], "file": head["file"]}
+        return {**head["meta"], "file": head["file"], "load_s": time.perf_counter() - t0}
 
     def _apply(self, run, meta, shared, mine) -> None:
         run.ddp.module.load_state_dict(shared["model"])

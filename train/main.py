@@ -239,7 +239,8 @@ def resume(run: Training) -> None:
         run.resumed_from = meta["step"]
     if run.checkpoints.is_keeper and (meta is not None or previous is not None):
         where = (f"resumed from checkpoint step {meta['step']} ({meta['file']}, epoch "
-                 f"{meta['epoch'] + 1}, {meta['offset']} step(s) into it)" if meta is not None
+                 f"{meta['epoch'] + 1}, {meta['offset']} step(s) into it, read and shared in "
+                 f"{meta['load_s']:.2f}s)" if meta is not None
                  else "no checkpoint to resume from: starting over at step 0")
         lost = "" if previous is None else (
             f"; the previous attempt had reached step {previous}: "

@@ -37,6 +37,7 @@ REFORMED = re.compile(r"^rank \d+/\d+ on ")
 RESUMED = re.compile(r"^resumed from checkpoint step (?P<step>\d+)")
 NO_CHECKPOINT = re.compile(r"^no checkpoint to resume from")
 LOST = re.compile(r"had reached step (?P<reached>\d+): (?P<lost>\d+) step\(s\) lost")
+LOADED = re.compile(r"read and shared in (?P<s>[0-9.]+)s")
 FIRST_STEP = re.compile(r"^step (?P<step>\d+): first step since the restart")
 
 
@@ -51,13 +52,15 @@ class Incident:
     resumed_from_step: int | None = None
     steps_lost: int | None = None
     recovered_in_s: float | None = None
+    checkpoint_load_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "kind": self.kind, "reason": self.reason,
                 "at_time_s": round(self.at_time_s, 3),
                 "resumed_from_step": self.resumed_from_step, "steps_lost": self.steps_lost,
                 "recovered_in_s": None if self.recovered_in_s is None
-                else round(self.recovered_in_s, 3)}
+                else round(self.recovered_in_s, 3),
+                "checkpoint_load_s": self.checkpoint_load_s}
 
 
 class RestartBook:
@@ -145,6 +148,8 @@ class RestartBook:
                     return
                 target.resumed_from_step = step
                 target.steps_lost = int(lost["lost"]) if lost else None
+                loaded = LOADED.search(text)
+                target.checkpoint_load_s = float(loaded["s"]) if loaded else None
             return
         if FIRST_STEP.match(text):
             with self._lock:

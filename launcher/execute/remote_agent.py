@@ -127,7 +127,7 @@ class SshNodeProcess:
         self._err = _LineQueue(self._lines)
 
     def connection(self) -> Connection:
-        """The node's connection, opened again if it dropped (restarts, probes)."""
+        """The node's connection, a new one if it dropped (restarts, probes, fetching)."""
         transport = self.conn.client.get_transport() if self.conn.client else None
         if transport is None or not transport.is_active():
             self.conn = connect(self.node, self.options)
@@ -184,7 +184,9 @@ class SshNodeProcess:
         line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
         for attempt in range(2):
             try:
-                conn = self.conn if attempt == 0 else connect(self.node, self.options)
+                # Never self.conn.run on a dropped connection: fabric would reopen it under the
+                # SFTP client it cached, and fetching the node's files later would fail.
+                conn = self.connection() if attempt == 0 else connect(self.node, self.options)
                 conn.run(line, hide=True, warn=True, in_stream=False, timeout=15)
                 if attempt:
                     conn.close()

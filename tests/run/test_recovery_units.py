@@ -109,13 +109,14 @@ def test_one_failure_seen_on_two_nodes_is_one_restart_blamed_where_it_began():
     book.line("node1", "agent", KILLED, 10.2)     # the killed worker's agent
     book.line("node0", "0", "rank 0/2 on vm: backend gloo, device cpu", 12.0)
     book.line("node0", "0", "resumed from checkpoint step 100 (step-00000100.pt, epoch 5, 12 "
-              "step(s) into it); the previous attempt had reached step 103: 3 step(s) lost",
-              13.0)
+              "step(s) into it, read and shared in 0.41s); the previous attempt had reached "
+              "step 103: 3 step(s) lost", 13.0)
     book.line("node0", "0", "step 101: first step since the restart", 18.5)
     assert book.to_json() == [{
         "node": "node1", "kind": "worker",
         "reason": "worker local_rank 0 (pid 15721) was killed by SIGKILL", "at_time_s": 10.0,
-        "resumed_from_step": 100, "steps_lost": 3, "recovered_in_s": 8.5}]
+        "resumed_from_step": 100, "steps_lost": 3, "recovered_in_s": 8.5,
+        "checkpoint_load_s": 0.41}]
     assert book.exhausted() is None
 
 
