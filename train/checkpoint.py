@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from train import checkpoint_files as files
-from train.ddp import hook_checkpoint, restore_hook
+from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
 from train.options import OPTIONS, RESUME_KEYS, resume_signature
 
 KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
@@ -318,6 +318,9 @@ class Checkpointer:
         for group in run.optimizer.param_groups:
             group["weight_decay"] = run.args.weight_decay
         restore_hook(run.hook_state, shared["hook"], mine["hook"])
+        size = run.args.image_size
+        rebuild_buckets_first(run.ddp, run.hook_state, torch.zeros(
+            run.args.batch_size, run.data.in_channels, size, size, device=self.device))
         if run.auto is not None:
             run.auto.load_state_dict(shared["auto"], meta["step"])
         rng = dict(mine["rng"])

@@ -121,6 +121,7 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif settings.comm_hook in ("powersgd", AUTO):
         state = ResumablePowerSGDState(
+            parameters=list(model.parameters()),
             process_group=None,
             matrix_approximation_rank=settings.powersgd_rank,
             start_powerSGD_iter=NEVER if settings.comm_hook == AUTO
@@ -139,46 +140,98 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
 
 
 class ResumablePowerSGDState(powerSGD_hook.PowerSGDState):
-    """PowerSGD's state, plus what restoring it from a checkpoint needs: the length of the bucket
-    each per-bucket tensor (error feedback, warm-start P and Q) belongs to, and restored tensors
-    held back until DDP's buckets have that layout again.
+    """PowerSGD's state, kept so that a checkpoint can restore it exactly into any bucket layout.
 
-    Why held back: a fresh DDP runs its first iteration on buckets in parameter order and only
-    then rebuilds them in the order gradients became ready (the layout the saved tensors were
-    made for). Applying a saved residual to a bucket of another length would fail, or mix
-    gradients of other parameters."""
+    PowerSGD keys its per-bucket tensors (error-feedback residual, warm-start P and Q) by bucket
+    index, each a concatenation over the bucket's parameters in the bucket's order. A fresh DDP
+    runs its first iteration on buckets in parameter order and then rebuilds them in the order
+    gradients became ready: the layout a checkpoint's tensors were made in is not the one a
+    resumed run starts with (and `bucket_cap_mb` may change between them). So a checkpoint
+    holds them per parameter, and they are put together again for whichever layout a bucket
+    has when the hook is called; when DDP's rebuild changes the layout, the live tensors are
+    taken apart and put together the same way. PowerSGD works tensor by tensor, so this is
+    exact."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, parameters: list[torch.Tensor] = (), **kwargs):
         super().__init__(*args, **kwargs)
-        self.bucket_numel: dict[int, int] = {}
-        self.held: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        self.param_index = {id(p): i for i, p in enumerate(parameters)}
+        self.param_shapes = [tuple(p.shape) for p in parameters]
+        self.bucket_params: dict[int, tuple[int, ...]] = {}   # bucket index -> its parameters
+        self.held: dict[int, dict[str, torch.Tensor]] = {}    # parameter -> its pieces
 
-    def apply_held(self, index: int, numel: int, device: torch.device) -> None:
-        held = self.held.get(index)
-        if held is None or held[0] != numel:
+    # -- per-parameter pieces of the per-bucket tensors --
+    def _sizes(self, param: int) -> tuple[int, int | None, int | None]:
+        """(numel, P length, Q length) of one parameter; None: not compressed (PowerSGD
+        all-reduces it plainly and keeps no P/Q for it)."""
+        shape = self.param_shapes[param]
+        n = shape[0] if shape else 1
+        numel = 1
+        for d in shape:
+            numel *= d
+        m = numel // n if n else 0
+        rank = min(n, m, self.matrix_approximation_rank)
+        compress = powerSGD_hook._should_compress(n, m, rank, self.min_compression_rate)[0]
+        return numel, (n * rank if compress else None), (m * rank if compress else None)
+
+    def pieces(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Per-parameter pieces of the live per-bucket tensors, and of those still held."""
+        tables = {"error": self.error_dict, "p": self.p_memory_dict, "q": self.q_memory_dict}
+        out = {param: dict(parts) for param, parts in self.held.items()}
+        for index, params in self.bucket_params.items():
+            offsets = {"error": 0, "p": 0, "q": 0}
+            for param in params:
+                numel, p_len, q_len = self._sizes(param)
+                for name, length in (("error", numel), ("p", p_len), ("q", q_len)):
+                    if length is None or index not in tables[name]:
+                        continue
+                    start = offsets[name]
+                    out.setdefault(param, {})[name] = tables[name][index][start:start + length]
+                    offsets[name] += length
+        return out
+
+    def take_apart(self) -> None:
+        """Every bucket's live tensors into per-parameter pieces (`held`), dicts emptied."""
+        self.held = self.pieces()
+        self.error_dict.clear()
+        self.p_memory_dict.clear()
+        self.q_memory_dict.clear()
+
+    def put_together(self, index: int, params: tuple[int, ...], device: torch.device) -> None:
+        """The bucket's tensors from the held pieces of its parameters, if all are held."""
+        if not all(param in self.held for param in params):
+            for param in params:  # a partial set would misalign: PowerSGD starts afresh
+                self.held.pop(param, None)
             return
         tables = {"error": self.error_dict, "p": self.p_memory_dict, "q": self.q_memory_dict}
-        for name, tensor in held[1].items():
-            tables[name][index] = tensor.to(device)
-        del self.held[index]
+        for name, table in tables.items():
+            parts = []
+            for param in params:
+                size = self._sizes(param)[{"error": 0, "p": 1, "q": 2}[name]]
+                if size is None:
+                    continue
+                if name not in self.held[param]:
+                    parts = None
+                    break
+                parts.append(self.held[param][name])
+            if parts:
+                table[index] = torch.cat(parts).to(device)
+        for param in params:
+            del self.held[param]
 
 
 def track_buckets(hook):
-    """The PowerSGD hook, recording each bucket's length and applying restored state to buckets
-    of the length it was saved for."""
+    """The PowerSGD hook, keeping its per-bucket state aligned with DDP's bucket layout."""
 
     @functools.wraps(hook)
     def tracked(state, bucket):
-        buffer = bucket.buffer()
-        index, numel = bucket.index(), buffer.numel()
-        if state.bucket_numel.get(index, numel) != numel:
-            # This bucket index now holds other gradients (the layout changed): its tensors
-            # belong to the old one.
-            for table in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
-                table.pop(index, None)
-        state.bucket_numel[index] = numel
+        index = bucket.index()
+        params = tuple(state.param_index[id(p)] for p in bucket.parameters())
+        known = state.bucket_params.get(index)
+        if known is not None and known != params:
+            state.take_apart()  # DDP rebuilt its buckets: every bucket's layout changed
+        state.bucket_params[index] = params
         if state.held:
-            state.apply_held(index, numel, buffer.device)
+            state.put_together(index, params, bucket.buffer().device)
         return hook(state, bucket)
 
     return tracked
@@ -198,27 +251,38 @@ def _set_np_state(rng: np.random.RandomState, saved: dict[str, Any]) -> None:
 
 def hook_checkpoint(state) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(shared, this rank's) state of the comm hook for a checkpoint, on CPU. Shared: the same
-    on every rank (iteration counter, when PowerSGD starts, its random generator). Per rank: the
-    error-feedback residuals (each rank's own) and the warm-start P/Q, per bucket."""
+    on every rank (iteration counter, when PowerSGD starts, its random generator). Per rank:
+    each parameter's error-feedback residual and warm-start P/Q."""
     if not isinstance(state, ResumablePowerSGDState):
         return None, None
     shared = {"iter": state.iter, "start_powerSGD_iter": state.start_powerSGD_iter,
               "rng": _np_state(state.rng),
               "numel_before": state.total_numel_before_compression,
               "numel_after": state.total_numel_after_compression}
-    buckets = {}
-    for index, numel in state.bucket_numel.items():
-        tensors = {}
-        for name, table in (("error", state.error_dict), ("p", state.p_memory_dict),
-                            ("q", state.q_memory_dict)):
-            if index in table:
-                tensors[name] = table[index].detach().to("cpu", copy=True)
-        if tensors:
-            buckets[index] = {"numel": numel, "tensors": tensors}
-    # Restored tensors not yet applied (saved again before the layout came back) stay too.
-    for index, (numel, tensors) in state.held.items():
-        buckets.setdefault(index, {"numel": numel, "tensors": tensors})
-    return shared, {"buckets": buckets}
+    pieces = {param: {name: t.detach().to("cpu", copy=True) for name, t in parts.items()}
+              for param, parts in state.pieces().items()}
+    return shared, {"pieces": pieces}
+
+
+def rebuild_buckets_first(ddp: DDP, state, sample: torch.Tensor) -> None:
+    """Forward/backward passes of a zero loss with plain all-reduce, before a resumed run's
+    first step, until DDP has rebuilt its buckets: PowerSGD cannot run on the buckets of a
+    fresh DDP (its gradients are not yet views of the bucket: the reason PowerSGD wants
+    start_iter > 1). DDP rebuilds after its first iteration, with static_graph after its
+    second (seen here). Measured: without this a resumed run drifted from an uninterrupted
+    one by 1e-3 in the first step's gradients; with it the final loss is identical. The
+    weights are untouched and the gradients cleared; PowerSGD's counter is put back."""
+    if not isinstance(state, ResumablePowerSGDState):
+        return
+    kept = state.iter, state.start_powerSGD_iter
+    state.start_powerSGD_iter = NEVER
+    try:
+        for _ in range(2 if ddp.static_graph else 1):
+            ddp(sample).float().sum().mul(0.0).backward()
+    finally:
+        state.iter, state.start_powerSGD_iter = kept
+        for param in ddp.parameters():
+            param.grad = None
 
 
 def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | None) -> None:
@@ -232,8 +296,9 @@ def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | No
     state.error_dict.clear()
     state.p_memory_dict.clear()
     state.q_memory_dict.clear()
-    state.held = {index: (entry["numel"], entry["tensors"])
-                  for index, entry in (mine or {}).get("buckets", {}).items()}
+    state.bucket_params = {}
+    state.held = {int(param): dict(parts)
+                  for param, parts in (mine or {}).get("pieces", {}).items()}
 
 
 # ---- bucket_cap_mb: auto ----------------------------------------------------------------

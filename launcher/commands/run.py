@@ -85,8 +85,10 @@ def main(args) -> int:
         raise LauncherError(f"--nodes must be at least 1, got {count}")
     backend = backend_from_args(args, count)
     nodes = backend.nodes(count)
+    # A real run plans inside backend.launch (over SSH after preflight, which reports every
+    # host's problems at once); a dry run and a resume check need the plan now.
     plan = backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir,
-                        rdzv_port=args.rdzv_port)
+                        rdzv_port=args.rdzv_port) if args.dry_run or point else None
     if point is not None:
         from launcher.resume import check_resume
 

@@ -187,14 +187,14 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         targets = report.pids_to_restart() or {name: [] for name in by_name}
         for name, pids in targets.items():
             p = by_name[name]
-            killed = []
+            gone = []
             if pids and hasattr(p, "kill_ranks"):
                 try:
-                    killed = p.kill_ranks(pids).get("killed", [])
+                    gone = p.kill_ranks(pids).get("killed", [])
                 except Exception as err:  # noqa: BLE001 (then the agent goes instead)
                     notify(f"could not kill the stuck ranks on node {name}: {err}")
-            if killed:
-                notify(f"killed rank process(es) {', '.join(map(str, killed))} on node "
+            if gone:
+                notify(f"killed rank process(es) {', '.join(map(str, gone))} on node "
                        f"{name}; torchrun restarts its workers")
                 continue
             problem = restart(p, "after the hang")
@@ -228,6 +228,27 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         start_reader(p)
         recovery.restarted()
         return None
+
+    def act_on_recovery() -> None:
+        """A hang the watch found (restart or stop), or a reason to stop (out of restarts,
+        a restart that did not bring the rendezvous back)."""
+        nonlocal first_failure, status, reason
+        found = recovery.hang()
+        if found is not None:
+            report, restart_allowed, lines = found
+            for text in lines:
+                notify(text)
+            problem, where = restart_after_hang(report) if restart_allowed else \
+                (report.reason(), (report.stuck_nodes() or [None])[0])
+            if problem is not None:
+                first_failure, status, reason = where, "failed", problem
+                begin_stop(f"{reason}; stopping all nodes")
+                return
+        trouble = recovery.trouble()
+        if trouble is not None:
+            first_failure, reason = trouble
+            status = "failed"
+            begin_stop(f"{reason}; stopping all nodes")
 
     with _StopRequest() as request:
         for service in services:
@@ -285,25 +306,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                     reason = f"the {label} on node {service.name} {describe_exit(code)}"
                     begin_stop(f"{reason}; stopping all nodes")
             if recovery is not None and stop_at is None and request.signum is None:
-                found = recovery.hang()
-                if found is not None:
-                    report, restart_allowed, lines = found
-                    for text in lines:
-                        notify(text)
-                    if restart_allowed:
-                        problem, node_name = restart_after_hang(report)
-                        if problem is not None:
-                            first_failure, status, reason = node_name, "failed", problem
-                            begin_stop(f"{reason}; stopping all nodes")
-                    else:
-                        first_failure = (report.stuck_nodes() or [None])[0]
-                        status, reason = "failed", report.reason()
-                        begin_stop(f"{reason}; stopping all nodes")
-                trouble = recovery.trouble() if stop_at is None else None
-                if trouble is not None:
-                    first_failure, reason = trouble
-                    status = "failed"
-                    begin_stop(f"{reason}; stopping all nodes")
+                act_on_recovery()
             if settle_until is not None and stop_at is None and (
                     now >= settle_until or request.signum is not None
                     or all(e.exit_code is not None for e in exits.values())):

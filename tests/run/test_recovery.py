@@ -211,6 +211,38 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_p
     assert {"step-00000010.json", "step-00000010.pt"} <= {p.name for p in folder.iterdir()}
 
 
+def test_powersgd_error_feedback_and_warm_start_survive_a_resume_exactly(tmp_path):
+    """The trainer itself (2 ranks, one torchrun), PowerSGD with error feedback and warm start
+    over several buckets with static_graph: resumed from its step-20 checkpoint it ends with
+    the final loss of the run that was never stopped. (Each rank's residual and P/Q are saved
+    per parameter and put back into whatever buckets DDP has; DDP rebuilds its buckets before
+    the first resumed step.)"""
+    args = ["--model", "vit_tiny", "--depth", "2", "--dataset", "digits", "--image-size", "8",
+            "--patch-size", "4", "--batch-size", "32", "--steps", "40", "--log-every", "10",
+            "--static-graph", "--gradient-as-bucket-view", "--bucket-cap-mb", "0.05",
+            "--comm-hook", "powersgd", "--powersgd-rank", "2", "--powersgd-start-iter", "2",
+            "--checkpoint-every-steps", "20", "--checkpoint-keep", "2"]
+
+    def train(out: Path) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(REPO / "train/main.py"), *args, "--out-dir", str(out)],
+            capture_output=True, text=True, timeout=300, env={**os.environ,
+                                                              "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return json.loads((out / "result.json").read_text())
+
+    whole = train(tmp_path / "whole")
+    resumed_dir = tmp_path / "resumed" / files.CHECKPOINT_DIR
+    resumed_dir.mkdir(parents=True)
+    for path in (tmp_path / "whole" / files.CHECKPOINT_DIR).glob("step-00000020.*"):
+        shutil.copy(path, resumed_dir / path.name)
+    resumed = train(tmp_path / "resumed")
+    assert resumed["resumed_from_step"] == 20 and whole["resumed_from_step"] is None
+    assert resumed["final_loss"] == whole["final_loss"]
+    assert resumed["eval_accuracy"] == whole["eval_accuracy"]
+
+
 def test_stacks_come_from_faulthandler_where_py_spy_is_missing(tmp_path):
     """A node whose Python has no py-spy (and none on PATH): the rank prints its own stacks."""
     venv = tmp_path / "bare"

@@ -220,6 +220,28 @@ def test_a_rank_without_a_stack_is_undetermined_and_a_vanished_one_stuck():
     assert main_frames({"stack": None}) == []
 
 
+# ---- comm_hook auto across a resume --------------------------------------------------------
+
+def test_autos_decision_stands_after_a_resume_and_a_measurement_starts_again():
+    from train.ddp import NEVER, AutoCompression, AutoDecision, ResumablePowerSGDState
+
+    state = ResumablePowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=NEVER)
+    decided = AutoCompression(state)
+    decided.decision = AutoDecision("powersgd", "pays", 15, 0.4, 0.2, 0.1)
+    resumed = AutoCompression(state)
+    resumed.load_state_dict(decided.state_dict(), resumed_at_step=40)
+    assert resumed.decision == decided.decision
+    measuring = AutoCompression(state)
+    measuring._trial_from = 9
+    state.start_powerSGD_iter = 12            # its trial had switched PowerSGD on
+    fresh = AutoCompression(state)
+    fresh.load_state_dict(measuring.state_dict(), resumed_at_step=40)
+    assert fresh.decision is None and state.start_powerSGD_iter == NEVER
+    assert fresh.outcome(41)["reason"] == ("run ended at step 41 during the measurement of "
+                                           "plain all-reduce (needs 48)")
+
+
 # ---- checkpoint files ---------------------------------------------------------------------
 
 def write_checkpoint(folder: Path, step: int, signature=None, complete=True):
