@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 HANG_FLOOR_S = 300.0     # the default timeout is never shorter (a slow first step, an eval)
@@ -138,13 +139,16 @@ class HangWatch:
             self._paused = False
 
     def _read(self) -> dict[str, list[dict[str, Any]]]:
-        beats = {}
-        for proc in self.procs:
+        """Every node at once (over SSH each answer is a remote command)."""
+        def ask(proc: Watched) -> list[dict[str, Any]] | None:
             try:
-                beats[proc.name] = proc.heartbeats()
+                return proc.heartbeats()
             except Exception:  # noqa: BLE001 (a node that cannot be asked shows no progress)
-                continue
-        return beats
+                return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(self.procs)))) as pool:
+            answers = list(pool.map(ask, self.procs))
+        return {p.name: a for p, a in zip(self.procs, answers) if a is not None}
 
     def _run(self) -> None:
         while not self._stop.wait(poll_interval(self.clock)):
