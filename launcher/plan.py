@@ -44,6 +44,9 @@ class NodeCommand:
     run_dir: str
     cwd: str | None
     instance_type: str | None = None  # from the inventory; run reports look up the catalog
+    # The node's interpreter and train/node_probe.py: what launch runs there to read the
+    # ranks' heartbeats and dump their stacks when the run hangs.
+    probe: tuple[str, ...] = ()
 
     def shell_line(self) -> str:
         """What a person would type; also the one string a remote shell receives."""
@@ -56,7 +59,46 @@ class NodeCommand:
             "private_address": self.private_address, "is_head": self.is_head,
             "gpus": self.gpus, "argv": list(self.argv), "env": dict(self.env),
             "run_dir": self.run_dir, "cwd": self.cwd, "instance_type": self.instance_type,
+            "probe": list(self.probe),
         }
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What launch does when a run fails or stops making progress (the recipe's restarts,
+    hang_timeout_s and checkpoint block, after the command line's overrides)."""
+
+    restarts: int = 0
+    hang_timeout_s: float | None = None   # None: max(300 s, 20x the median step)
+    # How long a restarted node agent may take to be back in the rendezvous (its peers wait
+    # that long in it: the rendezvous join timeout).
+    restart_deadline_s: float = 600.0
+    checkpoint_every: str | None = None   # "10 steps" | "5 minutes", for people
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restarts": self.restarts, "hang_timeout_s": self.hang_timeout_s,
+                "restart_deadline_s": self.restart_deadline_s,
+                "checkpoint_every": self.checkpoint_every}
+
+    def describe(self) -> str:
+        hang = (f"{self.hang_timeout_s:g} s" if self.hang_timeout_s is not None
+                else "max(300 s, 20x the median step)")
+        ckpt = (f"checkpoints every {self.checkpoint_every}" if self.checkpoint_every
+                else "no checkpoints")
+        restarts = (f"up to {self.restarts} restart(s)" if self.restarts
+                    else "no restarts (fail-fast)")
+        return f"recovery: {restarts}; {ckpt}; hang timeout {hang} (stacks dumped, then " \
+               f"{'restart' if self.restarts else 'stop'})"
+
+
+def recovery_of(recipe: Recipe) -> Recovery:
+    ckpt = recipe.checkpoint
+    every = None
+    if ckpt is not None:
+        every = (f"{ckpt.every_steps} steps" if ckpt.every_steps is not None
+                 else f"{ckpt.every_minutes:g} minutes")
+    return Recovery(restarts=recipe.restarts, hang_timeout_s=recipe.hang_timeout_s,
+                    restart_deadline_s=float(recipe.rendezvous.timeout), checkpoint_every=every)
 
 
 @dataclass(frozen=True)
@@ -71,6 +113,7 @@ class RunPlan:
     # The rendezvous store, a process of its own on the head (train/rdzv_store.py): every
     # agent is a client of it, so no agent's exit can take the rendezvous down with it.
     store: NodeCommand | None = None
+    recovery: Recovery = field(default_factory=lambda: Recovery())
 
     @property
     def nnodes(self) -> int:
@@ -89,6 +132,7 @@ class RunPlan:
             "world_size": self.world_size,
             "nodes": [n.to_json() for n in self.nodes],
             "store": self.store.to_json() if self.store else None,
+            "recovery": self.recovery.to_json(),
             "notes": list(self.notes),
         }
 
@@ -99,6 +143,7 @@ class RunPlan:
             f"{self.world_size}; c10d rendezvous at {self.rdzv_endpoint} (id {self.run_id})",
         ]
         lines += [f"  note: {note}" for note in self.notes]
+        lines.append(f"  {self.recovery.describe()}")
         if self.store:
             lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
                           "the last agent):", "    " + shlex.join(self.store.argv)]
@@ -130,6 +175,22 @@ def resolve_nproc(recipe: Recipe, gpus: int) -> int:
     return recipe.nproc_per_node
 
 
+# NCCL's flight recorder: the last collectives of every rank, kept in memory and written when
+# launch's hang forensics asks through the named pipe (or when NCCL's watchdog times out).
+# NCCL only: gloo and CPU nodes do not get these.
+FLIGHT_RECORDER_ENTRIES = "2000"
+
+
+def flight_recorder_env(run_dir: str) -> dict[str, str]:
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        # <stem><rank>: the dump; <stem><rank>.pipe: writing to it asks for one.
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/hang/nccl-trace.rank",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/hang/nccl-trace.rank",
+    }
+
+
 def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: int) -> dict:
     # PYTHONUNBUFFERED: torchrun re-prints its workers' lines on its own stdout, a pipe (or
     # an SSH channel) that Python would otherwise flush only every 8 KB.
@@ -149,6 +210,16 @@ def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: i
         env["NCCL_SOCKET_IFNAME"] = node.interface
     if place.visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in place.visible_gpus)
+    if node.gpus:
+        env.update(flight_recorder_env(place.run_dir))
+    if recipe.restarts:
+        # torchrun's agents share one TCPStore for their workers, hosted by the agent of rank
+        # 0 and remembered by the others from the first round. A restarted agent gets a new
+        # pid, c10d orders agents by (address, pid), and rank 0 moves: the old agent then sent
+        # its workers to its old store, the new one to a new store, and every worker waited in
+        # init_process_group forever (seen here with 2 local nodes). Without sharing, rank 0
+        # publishes a fresh address every round.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(place.extra_env)
     env.update(recipe.env_strings())
     return env
@@ -199,13 +270,19 @@ def plan_run(
             place.python, nnodes=len(nodes), nproc_per_node=nproc, rdzv_endpoint=rdzv,
             rdzv_id=run_id, local_addr=node.private_address, is_host=False,
             join_timeout=recipe.rendezvous.timeout, log_dir=f"{place.run_dir}/torchrun",
+            max_restarts=recipe.restarts,
         )
         argv += program(place)
+        env = node_env(recipe, run_id, node, place, nproc)
+        if recipe.checkpoint is not None:
+            # The trainer's checkpoint keeper: local rank 0 of the head (train/checkpoint.py).
+            env["LAUNCH_CHECKPOINT_NODE"] = head.name
         commands.append(NodeCommand(
             name=node.name, address=node.address, private_address=node.private_address,
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),
-            env=node_env(recipe, run_id, node, place, nproc), run_dir=place.run_dir,
+            env=env, run_dir=place.run_dir,
             cwd=place.cwd, instance_type=node.instance_type,
+            probe=(place.python, f"{place.code_dir}/train/node_probe.py"),
         ))
     head_place = placements[head.name]
     store = NodeCommand(
@@ -219,5 +296,5 @@ def plan_run(
     return RunPlan(
         run_id=run_id, recipe_name=recipe.name, recipe_source=recipe.source,
         rdzv_endpoint=rdzv, nproc_per_node=nproc, nodes=tuple(commands),
-        notes=notes, store=store,
+        notes=notes, store=store, recovery=recovery_of(recipe),
     )

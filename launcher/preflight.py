@@ -211,6 +211,9 @@ class Shipment:
     sha256: str
     remote_dir: Callable[[Node], str]
     recipe_file: object = None   # pathlib.Path or None
+    # A new run's folder goes again when preflight fails; a resumed run's holds its
+    # checkpoints and earlier logs, and stays.
+    remove_on_failure: bool = True
 
 
 def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
@@ -259,7 +262,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         except LauncherError as err:
             problems.append(HostProblem("(all)", str(err)))
     if problems:
-        if shipment is not None:
+        if shipment is not None and shipment.remove_on_failure:
             in_parallel(lambda name: remove_tree(conns[name], shipment.remote_dir(by_name[name])),
                         list(conns))
         close_all(conns)

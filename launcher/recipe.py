@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError,
                       field_validator, model_validator)
@@ -26,6 +26,7 @@ _RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_NODES = 4096
 MAX_PROCS_PER_NODE = 64
 MAX_ENV_VALUE = 4096
+MAX_RESTARTS = 1000
 
 # Environment names a recipe may not set, and why. Everything else passes through (NCCL_*,
 # FI_*, OMP_NUM_THREADS, LD_LIBRARY_PATH for a custom NCCL, GLOO/NCCL_SOCKET_IFNAME to
@@ -46,6 +47,10 @@ RESERVED_ENV = {
     "PYTHONUNBUFFERED": "launch needs the workers' lines as they are printed",
     "LD_PRELOAD": "a preloaded library changes every process launch starts, cleanup included",
     "NCCL_DEBUG_FILE": "the run report reads NCCL's logs from the file launch names",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "launch's hang forensics asks each rank for its NCCL "
+                                       "flight recorder through the pipe it names",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "restarted node agents rejoin only with launch's "
+                                          "setting (see launcher/plan.py)",
 }
 
 
@@ -265,6 +270,21 @@ class Slurm(_Strict):
         return value
 
 
+class Checkpoint(_Strict):
+    """When the trainer writes the state a run continues from (train/checkpoint.py)."""
+
+    every_steps: WholeNumber | None = _field("checkpoint.every_steps")
+    every_minutes: Number | None = _field("checkpoint.every_minutes")
+    keep: WholeNumber = _field("checkpoint.keep")
+    asynchronous: Switch = _field("checkpoint.asynchronous")
+
+    @model_validator(mode="after")
+    def _when(self) -> Checkpoint:
+        if (self.every_steps is None) == (self.every_minutes is None):
+            raise ValueError("set exactly one of every_steps or every_minutes")
+        return self
+
+
 class Recipe(_Strict):
     name: str
     nodes: WholeNumber = Field(1, ge=1, le=MAX_NODES)
@@ -275,6 +295,14 @@ class Recipe(_Strict):
     ddp: DDP = DDP()
     gate: Gate = Gate()
     slurm: Slurm = Slurm()    # read by --slurm only
+    # None: no checkpoints (a restart then starts over from step 0).
+    checkpoint: Checkpoint | None = None
+    # How many failures (a worker, a node agent, a hang) the run may restart after; 0 keeps
+    # fail-fast. `launch run --max-restarts` overrides.
+    restarts: WholeNumber = Field(0, ge=0, le=MAX_RESTARTS)
+    # Seconds without a completed step before launch dumps every rank's stack and restarts or
+    # stops; None: max(300 s, 20x the median step after warm-up). `--hang-timeout` overrides.
+    hang_timeout_s: Number | None = Field(None, ge=1, le=7 * 86400, allow_inf_nan=False)
     # Where the recipe came from; set by load_recipe, not part of the YAML.
     source: str = Field("<recipe>", exclude=True)
 
@@ -368,9 +396,12 @@ def _keys_beside(loc: tuple) -> list[str]:
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        # An optional block (`checkpoint: Checkpoint | None`) is its model too.
+        models = [a for a in (annotation, *get_args(annotation))
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models:
             return []
-        model = annotation
+        model = models[0]
     return [k for k in model.model_fields if k != "source"]
 
 
@@ -442,6 +473,11 @@ def load_recipe(arg: str | Path) -> Recipe:
 def recipe_warnings(recipe: Recipe) -> list[str]:
     """Settings that load but will likely not do what the recipe means."""
     warnings = []
+    if recipe.restarts > 0 and recipe.checkpoint is None:
+        warnings.append(
+            f"{recipe.source}: restarts is {recipe.restarts} but the recipe has no "
+            "`checkpoint:` block: a restarted run starts over from step 0 (add e.g. "
+            "checkpoint: {every_steps: 100})")
     steps = recipe.train.steps
     if recipe.ddp.comm_hook == AUTO and steps is not None:
         if steps < AUTO_MEASURE_STEPS:

@@ -326,7 +326,7 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
                         f"{slow['ratio']:g}x the median rank's for {slow['intervals']} log "
                         "intervals: every step waited for it")
     backend = _backend(run_dir, nodes)
-    return {
+    report = {
         "run_id": plan.get("run_id", run_dir.name),
         "status": (summary or {}).get("status", "unknown"),
         "workload": workload,
@@ -339,6 +339,20 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "warnings": warnings,
         "advice": _advice(entries, training),
     }
+    recovery = _recovery(summary)
+    if recovery is not None:  # only runs that restarted, hung or resumed carry the key
+        report["recovery"] = recovery
+    return report
+
+
+def _recovery(summary: dict | None) -> dict | None:
+    """What the run restarted after, and the hang it found (summary.json), if anything."""
+    summary = summary or {}
+    keys = ("attempt", "resumed_from_step", "restarts", "hang")
+    if not summary.get("restarts") and not summary.get("hang") and \
+            not summary.get("resumed_from_step"):
+        return None
+    return {key: summary.get(key) for key in keys}
 
 
 def _straggler_advice(training: dict | None) -> list[str]:
@@ -490,6 +504,8 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
             lines.append(f"comm_hook auto chose {auto['choice']} at step "
                          f"{auto['decided_at_step']}: {auto['reason']} (plain all-reduce step "
                          f"{auto['allreduce_step_s']:.4f} s{trial}).")
+    if report.get("recovery"):
+        lines += ["", "## Restarts and hangs", ""] + _recovery_lines(report["recovery"])
     if report["warnings"]:
         lines += ["", "## Warnings", ""]
         for warning in report["warnings"]:
@@ -503,6 +519,33 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     else:
         lines.append("- nothing: no sign that the links hold this run back")
     return "\n".join(lines) + "\n"
+
+
+def _recovery_lines(recovery: dict) -> list[str]:
+    lines = []
+    if recovery.get("resumed_from_step"):
+        lines.append(f"- attempt {recovery.get('attempt')} resumed from checkpoint step "
+                     f"{recovery['resumed_from_step']} (`launch run --resume`)")
+    for r in recovery.get("restarts") or []:
+        resumed = ("started over from step 0" if r["resumed_from_step"] == 0 else
+                   f"resumed from step {r['resumed_from_step']}"
+                   if r["resumed_from_step"] is not None else "not resumed")
+        lost = "" if r["steps_lost"] is None else f", {r['steps_lost']} step(s) redone"
+        back = ("" if r["recovered_in_s"] is None
+                else f", training again {r['recovered_in_s']:.1f} s later")
+        lines.append(f"- restart after {r['at_time_s']:.1f} s, node {r['node']} ({r['kind']}): "
+                     f"{r['reason']}; {resumed}{lost}{back}")
+    hang = recovery.get("hang")
+    if hang:
+        stuck = ", ".join(f"rank {v['rank']} on {v['node']} ({v['state']}, at {v['frame']})"
+                          for v in hang["stuck"]) or "none stood out"
+        waiting = ", ".join(f"rank {v['rank']} on {v['node']}" for v in hang["in_collective"])
+        lines.append(f"- hang at {hang['detected_at_s']:.1f} s (no step for "
+                     f"{hang['idle_s']:.0f} s, timeout {hang['timeout_s']:g} s): stuck: {stuck}"
+                     + (f"; waiting in a collective: {waiting}" if waiting else "")
+                     + f"; then {hang['action']}. Stacks: "
+                     + ", ".join(f"`{d}`" for d in hang["dumps"]))
+    return lines
 
 
 def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:

@@ -9,6 +9,11 @@
       <node>/torchrun/    torchrun's per-rank stdout/stderr files
       <node>/nccl-debug.<host>.<pid>.log   NCCL_DEBUG=INFO output, one file per rank
       <node>/result.json  the trainer's final numbers (on the node that held rank 0)
+      <node>/heartbeat/   each rank's last step (launch's hang watch reads them)
+      <head>/checkpoints/ step-NNNNNNNN.pt + .json (recipe `checkpoint:`)
+      hang/<node>.rank<r>.txt   every rank's stack and process state when the run hung
+      recipe.yml          the recipe as it was when the run started (`--resume` reads it)
+      attempts/<n>/       an earlier attempt's plan, summary and report (`--resume`)
       code.json           (-i runs) the hash of the code every node ran
       report.md/.json     interconnect, transports, bus bandwidth, communication share, advice
       bandwidth.*         (launch bench) the sweep as a table, JSON and a plot
@@ -32,7 +37,17 @@ from launcher.yamlfile import shorten
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAUNCH_FILE = "launch.json"
+RECIPE_COPY = "recipe.yml"
 STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
+# What an attempt leaves at the top of the run folder; a resumed run moves them to
+# attempts/<n>/ first. Node folders stay: their logs are appended to, their checkpoints and
+# heartbeats are what the next attempt continues from.
+ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "metrics.jsonl",
+                 "code.json")
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def new_run_id(prefix: str, now: datetime | None = None) -> str:
@@ -76,9 +91,63 @@ class RunFolder:
         folder = cls(root, f"{run_id}.{secrets.token_hex(8)}")
         folder.write_json(LAUNCH_FILE, {"run_id": run_id, "stamp": folder.stamp,
                                         "pid": os.getpid(), "host": socket.gethostname(),
-                                        "started_at": datetime.now().astimezone().isoformat(
-                                            timespec="seconds")})
+                                        "started_at": _now(), "attempt": 1})
         return folder
+
+    @classmethod
+    def existing(cls, runs_dir: str | Path, run_id: str) -> RunFolder:
+        """A run folder launch wrote earlier (for --resume); nothing is changed."""
+        check_run_id(run_id)
+        runs = Path(runs_dir).resolve()
+        root = runs / run_id
+        if not (root / LAUNCH_FILE).is_file() or not (root / "plan.json").is_file():
+            known = sorted(p.parent.name for p in runs.glob("*/launch.json"))[-5:]
+            hint = f" (runs there: {', '.join(known)})" if known else ""
+            raise LauncherError(
+                f"--resume {run_id}: no run folder {root} written by launch (launch.json and "
+                f"plan.json); check the run id and --runs-dir{hint}")
+        return cls(root)
+
+    def attempts(self) -> int:
+        try:
+            return int(json.loads((self.root / LAUNCH_FILE).read_text()).get("attempt", 1))
+        except (OSError, ValueError, AttributeError):
+            return 1
+
+    def begin_attempt(self) -> int:
+        """Move the previous attempt's files to attempts/<n>/ and mark a new attempt, with a
+        new process stamp. Returns the new attempt's number."""
+        previous = self.attempts()
+        keep = self.root / "attempts" / str(previous)
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ATTEMPT_FILES:
+            if (self.root / name).exists():
+                (self.root / name).replace(keep / name)
+        shutil.copy2(self.root / LAUNCH_FILE, keep / LAUNCH_FILE)
+        self.stamp = f"{self.root.name}.{secrets.token_hex(8)}"
+        self.write_json(LAUNCH_FILE, {"run_id": self.root.name, "stamp": self.stamp,
+                                      "pid": os.getpid(), "host": socket.gethostname(),
+                                      "started_at": _now(), "attempt": previous + 1})
+        return previous + 1
+
+    @classmethod
+    def for_launch(cls, runs_dir: str | Path, run_id: str, resume: bool = False) -> RunFolder:
+        """A new run folder, or (resume) the existing one with a new attempt begun."""
+        if not resume:
+            return cls.create(runs_dir, run_id)
+        folder = cls.existing(runs_dir, run_id)
+        folder.begin_attempt()
+        return folder
+
+    def keep_recipe(self, source: str) -> None:
+        """A copy of the recipe the run started with, once (a resume keeps the first)."""
+        target = self.root / RECIPE_COPY
+        if target.exists() or not Path(source).is_file():
+            return
+        try:
+            shutil.copyfile(source, target)
+        except OSError:
+            pass
 
     def node_dir(self, node: str) -> Path:
         return self.root / path_component(node, "node name")

@@ -26,6 +26,7 @@ def torchrun_argv(
     is_host: bool,
     join_timeout: int,
     log_dir: str,
+    max_restarts: int = 0,
 ) -> list[str]:
     """Dashed flag spellings, as torch/distributed/run.py documents them.
 
@@ -35,6 +36,8 @@ def torchrun_argv(
     launch runs the store in a process of its own (train/rdzv_store.py), so every agent is a
     client: is_host=0.
     `--node-rank` is omitted: c10d assigns ranks at rendezvous and ignores it.
+    `max_restarts` (the recipe's `restarts`): how often this agent restarts its workers after
+    one fails; launch counts the run's restarts and stops it beyond the recipe's number.
     """
     return [
         python, "-m", "torch.distributed.run",
@@ -45,8 +48,9 @@ def torchrun_argv(
         "--rdzv-id", rdzv_id,
         "--rdzv-conf", f"is_host={1 if is_host else 0},join_timeout={join_timeout}",
         "--local-addr", local_addr,
-        # One failed rank fails the run: restarting into a half-dead job hides the cause.
-        "--max-restarts", "0",
+        # 0 (the default): one failed rank fails the run. With restarts, the workers are
+        # restarted, the rendezvous re-forms and the trainer resumes from its checkpoint.
+        "--max-restarts", str(max_restarts),
         # Per-rank stdout/stderr files under log_dir, and the same lines on torchrun's stdout
         # prefixed [default<local_rank>]: which launch turns into node/local_rank.
         "--tee", "3",

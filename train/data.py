@@ -7,12 +7,13 @@ depend on the training seed, so runs with different seeds are evaluated on the s
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 SPLIT_SEED = 1234  # fixed: the held-out split is a property of the data set, not of the run
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
@@ -24,6 +25,22 @@ class DataSplits:
     held_out: Dataset | None
     num_classes: int
     in_channels: int
+
+
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler whose next pass can start part-way through its epoch: a resumed
+    run skips the samples its checkpoint had already trained on, in the same shuffled order
+    (the permutation depends only on the seed and the epoch), without loading them."""
+
+    skip = 0
+
+    def start_at(self, epoch: int, skip_samples: int) -> None:
+        self.set_epoch(epoch)
+        self.skip = skip_samples
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0  # only the pass that resumes starts late
+        return itertools.islice(super().__iter__(), skip, None)
 
 
 def _resize(images: torch.Tensor, image_size: int) -> torch.Tensor:

@@ -3,10 +3,13 @@ and the measured choices behind `comm_hook: auto` and `bucket_cap_mb: auto`."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -117,7 +120,8 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
     elif settings.comm_hook == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif settings.comm_hook in ("powersgd", AUTO):
-        state = powerSGD_hook.PowerSGDState(
+        state = ResumablePowerSGDState(
+            parameters=list(model.parameters()),
             process_group=None,
             matrix_approximation_rank=settings.powersgd_rank,
             start_powerSGD_iter=NEVER if settings.comm_hook == AUTO
@@ -125,11 +129,176 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
             use_error_feedback=settings.powersgd_error_feedback,
             warm_start=settings.powersgd_warm_start,
         )
-        hook = powerSGD_hook.powerSGD_hook
+        hook = track_buckets(powerSGD_hook.powerSGD_hook)
         ddp.register_comm_hook(state, hook if device.type == "cuda" else OneBucketAtATime(hook))
     elif settings.comm_hook != "none":
         raise ValueError(f"unknown comm_hook {settings.comm_hook!r}; expected one of {COMM_HOOKS}")
     return ddp, state
+
+
+# ---- the hook's state in a checkpoint --------------------------------------------------------
+
+
+class ResumablePowerSGDState(powerSGD_hook.PowerSGDState):
+    """PowerSGD's state, kept so that a checkpoint can restore it exactly into any bucket layout.
+
+    PowerSGD keys its per-bucket tensors (error-feedback residual, warm-start P and Q) by bucket
+    index, each a concatenation over the bucket's parameters in the bucket's order. A fresh DDP
+    runs its first iteration on buckets in parameter order and then rebuilds them in the order
+    gradients became ready: the layout a checkpoint's tensors were made in is not the one a
+    resumed run starts with (and `bucket_cap_mb` may change between them). So a checkpoint
+    holds them per parameter, and they are put together again for whichever layout a bucket
+    has when the hook is called; when DDP's rebuild changes the layout, the live tensors are
+    taken apart and put together the same way. PowerSGD works tensor by tensor, so this is
+    exact."""
+
+    def __init__(self, *args, parameters: list[torch.Tensor] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.param_index = {id(p): i for i, p in enumerate(parameters)}
+        self.param_shapes = [tuple(p.shape) for p in parameters]
+        self.bucket_params: dict[int, tuple[int, ...]] = {}   # bucket index -> its parameters
+        self.held: dict[int, dict[str, torch.Tensor]] = {}    # parameter -> its pieces
+
+    # -- per-parameter pieces of the per-bucket tensors --
+    def _sizes(self, param: int) -> tuple[int, int | None, int | None]:
+        """(numel, P length, Q length) of one parameter; None: not compressed (PowerSGD
+        all-reduces it plainly and keeps no P/Q for it)."""
+        shape = self.param_shapes[param]
+        n = shape[0] if shape else 1
+        numel = 1
+        for d in shape:
+            numel *= d
+        m = numel // n if n else 0
+        rank = min(n, m, self.matrix_approximation_rank)
+        compress = powerSGD_hook._should_compress(n, m, rank, self.min_compression_rate)[0]
+        return numel, (n * rank if compress else None), (m * rank if compress else None)
+
+    def pieces(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Per-parameter pieces of the live per-bucket tensors, and of those still held."""
+        tables = {"error": self.error_dict, "p": self.p_memory_dict, "q": self.q_memory_dict}
+        out = {param: dict(parts) for param, parts in self.held.items()}
+        for index, params in self.bucket_params.items():
+            offsets = {"error": 0, "p": 0, "q": 0}
+            for param in params:
+                numel, p_len, q_len = self._sizes(param)
+                for name, length in (("error", numel), ("p", p_len), ("q", q_len)):
+                    if length is None or index not in tables[name]:
+                        continue
+                    start = offsets[name]
+                    out.setdefault(param, {})[name] = tables[name][index][start:start + length]
+                    offsets[name] += length
+        return out
+
+    def take_apart(self) -> None:
+        """Every bucket's live tensors into per-parameter pieces (`held`), dicts emptied."""
+        self.held = self.pieces()
+        self.error_dict.clear()
+        self.p_memory_dict.clear()
+        self.q_memory_dict.clear()
+
+    def put_together(self, index: int, params: tuple[int, ...], device: torch.device) -> None:
+        """The bucket's tensors from the held pieces of its parameters, if all are held."""
+        if not all(param in self.held for param in params):
+            for param in params:  # a partial set would misalign: PowerSGD starts afresh
+                self.held.pop(param, None)
+            return
+        tables = {"error": self.error_dict, "p": self.p_memory_dict, "q": self.q_memory_dict}
+        for name, table in tables.items():
+            parts = []
+            for param in params:
+                size = self._sizes(param)[{"error": 0, "p": 1, "q": 2}[name]]
+                if size is None:
+                    continue
+                if name not in self.held[param]:
+                    parts = None
+                    break
+                parts.append(self.held[param][name])
+            if parts:
+                table[index] = torch.cat(parts).to(device)
+        for param in params:
+            del self.held[param]
+
+
+def track_buckets(hook):
+    """The PowerSGD hook, keeping its per-bucket state aligned with DDP's bucket layout."""
+
+    @functools.wraps(hook)
+    def tracked(state, bucket):
+        index = bucket.index()
+        params = tuple(state.param_index[id(p)] for p in bucket.parameters())
+        known = state.bucket_params.get(index)
+        if known is not None and known != params:
+            state.take_apart()  # DDP rebuilt its buckets: every bucket's layout changed
+        state.bucket_params[index] = params
+        if state.held:
+            state.put_together(index, params, bucket.buffer().device)
+        return hook(state, bucket)
+
+    return tracked
+
+
+def _np_state(rng: np.random.RandomState) -> dict[str, Any]:
+    """A numpy generator's state as tensors and numbers (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _set_np_state(rng: np.random.RandomState, saved: dict[str, Any]) -> None:
+    rng.set_state((saved["name"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                   saved["has_gauss"], saved["cached_gaussian"]))
+
+
+def hook_checkpoint(state) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(shared, this rank's) state of the comm hook for a checkpoint, on CPU. Shared: the same
+    on every rank (iteration counter, when PowerSGD starts, its random generator). Per rank:
+    each parameter's error-feedback residual and warm-start P/Q."""
+    if not isinstance(state, ResumablePowerSGDState):
+        return None, None
+    shared = {"iter": state.iter, "start_powerSGD_iter": state.start_powerSGD_iter,
+              "rng": _np_state(state.rng),
+              "numel_before": state.total_numel_before_compression,
+              "numel_after": state.total_numel_after_compression}
+    pieces = {param: {name: t.detach().to("cpu", copy=True) for name, t in parts.items()}
+              for param, parts in state.pieces().items()}
+    return shared, {"pieces": pieces}
+
+
+def rebuild_buckets_first(ddp: DDP, state, sample: torch.Tensor) -> None:
+    """Forward/backward passes of a zero loss with plain all-reduce, before a resumed run's
+    first step, until DDP has rebuilt its buckets: PowerSGD cannot run on the buckets of a
+    fresh DDP (its gradients are not yet views of the bucket: the reason PowerSGD wants
+    start_iter > 1). DDP rebuilds after its first iteration, with static_graph after its
+    second (seen here). Measured: without this a resumed run drifted from an uninterrupted
+    one by 1e-3 in the first step's gradients; with it the final loss is identical. The
+    weights are untouched and the gradients cleared; PowerSGD's counter is put back."""
+    if not isinstance(state, ResumablePowerSGDState):
+        return
+    kept = state.iter, state.start_powerSGD_iter
+    state.start_powerSGD_iter = NEVER
+    try:
+        for _ in range(2 if ddp.static_graph else 1):
+            ddp(sample).float().sum().mul(0.0).backward()
+    finally:
+        state.iter, state.start_powerSGD_iter = kept
+        for param in ddp.parameters():
+            param.grad = None
+
+
+def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | None) -> None:
+    if not isinstance(state, ResumablePowerSGDState) or shared is None:
+        return
+    state.iter = shared["iter"]
+    state.start_powerSGD_iter = shared["start_powerSGD_iter"]
+    _set_np_state(state.rng, shared["rng"])
+    state.total_numel_before_compression = shared["numel_before"]
+    state.total_numel_after_compression = shared["numel_after"]
+    state.error_dict.clear()
+    state.p_memory_dict.clear()
+    state.q_memory_dict.clear()
+    state.bucket_params = {}
+    state.held = {int(param): dict(parts)
+                  for param, parts in (mine or {}).get("pieces", {}).items()}
 
 
 # ---- bucket_cap_mb: auto ----------------------------------------------------------------
@@ -219,6 +388,24 @@ class AutoCompression:
         self.decision: AutoDecision | None = None
         self._trial_from: int | None = None
         self._share = self._allreduce_s = 0.0
+        # Steps done before this process started (a resumed run): `steps` counts this
+        # process's steps only, decisions are reported in the run's steps.
+        self.step_offset = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decision": None if self.decision is None else self.decision.to_json()}
+
+    def load_state_dict(self, saved: dict[str, Any], resumed_at_step: int) -> None:
+        """A decision made before the checkpoint stands (the hook's restored state carries it
+        out); one still being measured starts again from the resumed step, with plain
+        all-reduce: the timings it had are gone with the process that took them."""
+        self.step_offset = resumed_at_step
+        decision = (saved or {}).get("decision")
+        if decision is not None:
+            self.decision = AutoDecision(**decision)
+            return
+        self.decision, self._trial_from = None, None
+        self.state.start_powerSGD_iter = NEVER
 
     def _agree(self, values: list[float], device) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
@@ -271,10 +458,10 @@ class AutoCompression:
             return {**self.decision.to_json(), "last_steps_used":
                     "powersgd" if self.uses_powersgd() else "all-reduce"}
         if self._trial_from is None:
-            needed = self.skip + self.window
+            needed = self.skip + self.window + self.step_offset
             phase = "the measurement of plain all-reduce"
         else:
-            needed = self._trial_from + 1 + self.window
+            needed = self._trial_from + 1 + self.window + self.step_offset
             phase = "the PowerSGD trial"
         return {
             "choice": "undecided",
@@ -288,7 +475,8 @@ class AutoCompression:
         }
 
     def _decide(self, choice: str, step: int, psgd_s: float | None, reason: str) -> AutoDecision:
-        self.decision = AutoDecision(choice, reason, step, round(self._share, 4),
+        self.decision = AutoDecision(choice, reason, step + self.step_offset,
+                                     round(self._share, 4),
                                      round(self._allreduce_s, 6),
                                      None if psgd_s is None else round(psgd_s, 6))
         return self.decision

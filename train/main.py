@@ -2,6 +2,9 @@
 
 Rank 0 prints progress lines (parsed by `launch` for its progress display), appends one JSON
 object per logged step to OUT_DIR/metrics.jsonl and writes OUT_DIR/result.json at the end.
+Every rank keeps a heartbeat file (train/heartbeat.py); with a `checkpoint:` block the run
+saves its state on schedule and, when started again (a restart, `launch run --resume`),
+continues from the latest checkpoint (train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Subset
 
 # Run as a script (torchrun's entrypoint): make `train.*` importable from the shipped folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from train.checkpoint import Checkpointer, CheckpointPolicy, signature_of  # noqa: E402
 from train.commtime import CommTimer, InterfaceCounter, summarize  # noqa: E402
-from train.data import DataSplits, load_dataset  # noqa: E402
+from train.data import DataSplits, ResumableSampler, load_dataset  # noqa: E402
 from train.ddp import (AUTO, AutoCompression, DDPSettings, LinkProbe,  # noqa: E402
                        choose_bucket_cap_mb, probe_link, wrap_ddp)
+from train.heartbeat import Heartbeat  # noqa: E402
 from train.model import build_vit, count_parameters  # noqa: E402
 from train.options import add_options  # noqa: E402
 from train.stragglers import StragglerWatch  # noqa: E402
@@ -137,16 +142,21 @@ class Training:
     auto: AutoCompression | None
     sent: InterfaceCounter
     optimizer: torch.optim.Optimizer
-    sampler: DistributedSampler
+    sampler: ResumableSampler
     loader: DataLoader
     steps_per_epoch: int
     total: int
     warmup: int
     images_per_step: int
     out_dir: Path
+    heartbeat: Heartbeat
+    checkpoints: Checkpointer | None = None
     metrics_file: Any = None          # rank 0 only
     step: int = 0
     epoch: int = 0                    # epochs started (0-based index of the current one)
+    resume_offset: int = 0            # steps of the current epoch a checkpoint had taken
+    resumed_from: int | None = None   # the checkpoint's step, when this process resumed
+    restarted: bool = False           # an earlier process of this run trained here before
     step_times: list[float] = field(default_factory=list)
     last_loss: float = float("nan")
     started: float = 0.0
@@ -178,7 +188,10 @@ def choose_buckets(args, model, device, rank: int) -> LinkProbe | None:
 
 
 def setup(args: argparse.Namespace) -> Training:
-    """Process group, data, model, DDP with its hook, optimizer and sampler."""
+    """Process group, data, model, DDP with its hook, optimizer and sampler; then the latest
+    checkpoint, if there is one."""
+    # Before the process group: a rank stuck joining it has a heartbeat to be found by.
+    heartbeat = Heartbeat(args.out_dir, warmup_steps=WARMUP_STEPS_EXCLUDED)
     backend, device, local_rank = init_distributed(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} on {socket.gethostname()}: backend {backend}, device {device}",
@@ -191,8 +204,8 @@ def setup(args: argparse.Namespace) -> Training:
     link = choose_buckets(args, model, device, rank)
     settings = DDPSettings.from_args(args)
     ddp, hook_state = wrap_ddp(model, settings, device)
-    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=args.seed, drop_last=True)
+    sampler = ResumableSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
+                               seed=args.seed, drop_last=True)
     loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                         num_workers=args.num_workers)
     steps_per_epoch = len(loader) // args.grad_accum_steps
@@ -211,9 +224,12 @@ def setup(args: argparse.Namespace) -> Training:
         sampler=sampler, loader=loader, steps_per_epoch=steps_per_epoch, total=total,
         warmup=args.warmup_steps if args.warmup_steps is not None else int(0.05 * total),
         images_per_step=args.batch_size * world * args.grad_accum_steps,
-        out_dir=Path(args.out_dir),
+        out_dir=Path(args.out_dir), heartbeat=heartbeat,
     )
     run.watch = StragglerWatch(rank, world, device, local_rank)
+    run.checkpoints = Checkpointer(CheckpointPolicy.from_args(args), run.out_dir,
+                                   signature_of(args, world), device, rank, world)
+    resume(run)
     if rank == 0:
         run.out_dir.mkdir(parents=True, exist_ok=True)
         run.metrics_file = open(run.out_dir / "metrics.jsonl", "a")  # noqa: SIM115
@@ -221,6 +237,26 @@ def setup(args: argparse.Namespace) -> Training:
               f"{len(data.train)} training images, {total} steps of {run.images_per_step} "
               f"images ({run.epochs_total} epoch(s)); ddp: {settings.describe()}", flush=True)
     return run
+
+
+def resume(run: Training) -> None:
+    """Continue from the latest checkpoint, if checkpoints are on and one exists; the keeper
+    says from where and what the restart cost (launch reads the line into summary.json)."""
+    meta = run.checkpoints.restore(run) if run.checkpoints.policy.enabled else None
+    previous = run.heartbeat.previous_step()
+    run.restarted = previous is not None
+    if meta is not None:
+        run.resumed_from = meta["step"]
+    if run.checkpoints.is_keeper and (meta is not None or previous is not None):
+        where = (f"resumed from checkpoint step {meta['step']} ({meta['file']}, epoch "
+                 f"{meta['epoch'] + 1}, {meta['offset']} step(s) into it, read and shared in "
+                 f"{meta['load_s']:.2f}s)" if meta is not None
+                 else "no checkpoint to resume from: starting over at step 0")
+        lost = "" if previous is None else (
+            f"; the previous attempt had reached step {previous}: "
+            f"{max(0, previous - run.step)} step(s) lost")
+        print(where + lost, flush=True)
+    run.heartbeat.beat(run.step, "ready")
 
 
 def train_step(run: Training, batches) -> float:
@@ -252,12 +288,17 @@ def after_step(run: Training, dt: float) -> None:
     run.step += 1
     run.step_times.append(dt)
     run.comm.step_done(dt)
+    run.heartbeat.step_done(run.step, dt)
     run.watch.step_done(run.step, dt, run.comm.steps[-1].comm_wait_s)
     if run.step % run.args.log_every == 0 or run.step == run.total:
         run.watch.end_interval(run.step)   # every rank: one small all_gather; rank 0 judges
-    if run.step == max(WARMUP_STEPS_EXCLUDED, run.total // 2):
+    if run.step == max(WARMUP_STEPS_EXCLUDED + (run.resumed_from or 0), run.total // 2):
         # Bytes per step in steady state: after compression warm-up and auto's choice.
         run.sent.mark_start(run.step)
+    if len(run.step_times) == 1 and run.restarted and run.checkpoints.is_keeper:
+        print(f"step {run.step}: first step since the restart", flush=True)
+    if run.checkpoints.policy.enabled and run.checkpoints.due(run.step):
+        run.checkpoints.save(run)
     decision = run.auto.observe(run.comm.steps, run.device) if run.auto else None
     if decision and run.rank == 0:
         print(f"comm_hook auto: {decision.choice} from step {decision.decided_at_step + 1}"
@@ -300,9 +341,11 @@ def train(run: Training) -> None:
     run.ddp.train()
     window = Window()
     while run.step < run.total:
-        run.sampler.set_epoch(run.epoch)
+        # A resumed run starts its first epoch where its checkpoint left it.
+        skip, run.resume_offset = run.resume_offset, 0
+        run.sampler.start_at(run.epoch, skip * run.args.batch_size * run.args.grad_accum_steps)
         batches = run.watch.timed(iter(run.loader))
-        for _ in range(run.steps_per_epoch):
+        for _ in range(run.steps_per_epoch - skip):
             if run.step >= run.total:
                 break
             t0 = time.perf_counter()
@@ -344,6 +387,9 @@ def wire_bytes(run: Training) -> dict[str, Any]:
 def finish(run: Training) -> dict[str, Any] | None:
     """Final loss, held-out accuracy; rank 0 writes result.json. Returns rank 0's result."""
     train_time = time.perf_counter() - run.started
+    run.heartbeat.beat(run.step, "evaluate")
+    run.checkpoints.close()  # the last write finishes before the run counts as done
+    checkpointing = run.checkpoints.stats_json() if run.checkpoints.policy.enabled else None
     wire = wire_bytes(run)
     final = torch.tensor([run.last_loss], dtype=torch.float64, device=run.device)
     dist.all_reduce(final)
@@ -353,22 +399,29 @@ def finish(run: Training) -> dict[str, Any] | None:
     if held_out is not None and len(held_out) > 0:
         accuracy = evaluate(run.ddp.module, held_out, run.args.batch_size, run.device, run.rank,
                             run.world, run.autocast)
+    run.heartbeat.beat(run.step, "done")
     if run.rank != 0:
         return None
     steady = run.step_times[WARMUP_STEPS_EXCLUDED:] or run.step_times
-    median_step = statistics.median(steady)
+    # None when a resumed run had no step left to take.
+    median_step = statistics.median(steady) if steady else None
     result = {
         "steps": run.step, "epochs": run.epoch, "world_size": run.world,
         "backend": run.backend, "device": run.device.type,
         "parameters": count_parameters(run.ddp.module),
         "final_loss": round(final_loss, 6), "eval_accuracy": accuracy,
         "eval_images": len(held_out) if held_out is not None else 0,
-        "images_per_sec": round(run.images_per_step / median_step, 3),
-        "step_time_s": round(median_step, 6), "train_time_s": round(train_time, 3),
+        "images_per_sec": round(run.images_per_step / median_step, 3) if median_step else None,
+        "step_time_s": round(median_step, 6) if median_step else None,
+        "train_time_s": round(train_time, 3),
         "ddp": asdict(run.settings),
         **summarize(run.comm.steps[WARMUP_STEPS_EXCLUDED:] or run.comm.steps),
         **run.watch.result(),
+        "resumed_from_step": run.resumed_from,
+        "restart_count": run.heartbeat.attempt,
     }
+    if checkpointing is not None:
+        result["checkpoint"] = checkpointing
     if wire:
         result["tx_bytes_per_step"] = {k: v["bytes_per_step"] for k, v in wire.items()}
         result["tx_counters"] = wire
@@ -386,8 +439,9 @@ def finish(run: Training) -> dict[str, Any] | None:
     (run.out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     run.metrics_file.close()
     acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    speed = "n/a" if result["images_per_sec"] is None else f"{result['images_per_sec']:.1f}"
     print(f"done: {run.step} steps in {train_time:.1f}s, final loss {final_loss:.4f}, "
-          f"held-out accuracy {acc}, {result['images_per_sec']:.1f} img/s", flush=True)
+          f"held-out accuracy {acc}, {speed} img/s", flush=True)
     return result
 
 
@@ -400,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     # destroy_process_group() leaves it (and gloo's worker threads) to be torn down during
     # interpreter finalization, where gloo aborted one rank in ~1 of 20 runs here
     # ("terminate called without an active exception") after the other had finished.
+    run.heartbeat.close()
     run.ddp = run.hook_state = run.auto = None
     del run
     shutdown()

@@ -32,6 +32,7 @@ AUTO_SKIP_STEPS = 2
 AUTO_WINDOW_STEPS = 6
 AUTO_MEASURE_STEPS = AUTO_SKIP_STEPS + AUTO_WINDOW_STEPS
 AUTO_TRIAL_STEPS = AUTO_MEASURE_STEPS + 1 + AUTO_WINDOW_STEPS
+SHORT_FLAG_SECTIONS = ("train", "ddp")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,13 @@ class Option:
 
     @property
     def flag(self) -> str:
-        """train.image_size -> --image-size; ddp.powersgd.rank -> --powersgd-rank."""
-        return "--" + "-".join(self.key.split(".")[1:]).replace("_", "-")
+        """train.image_size -> --image-size; ddp.powersgd.rank -> --powersgd-rank;
+        checkpoint.keep -> --checkpoint-keep (the train and ddp blocks came first and keep
+        their short flags; a newer block keeps its name, or `--keep` would say nothing)."""
+        parts = self.key.split(".")
+        if parts[0] in SHORT_FLAG_SECTIONS:
+            parts = parts[1:]
+        return "--" + "-".join(parts).replace("_", "-")
 
     @property
     def dest(self) -> str:
@@ -105,6 +111,16 @@ OPTIONS: tuple[Option, ...] = (
        low=0, high=10**9),
     _o("ddp.powersgd.warm_start", "bool", True, "PowerSGD warm start"),
     _o("ddp.powersgd.error_feedback", "bool", True, "PowerSGD error feedback"),
+    # A recipe without a `checkpoint:` block writes none; with one, exactly one of every_steps
+    # and every_minutes says when (train/checkpoint.py).
+    _o("checkpoint.every_steps", "int", None, "write a checkpoint every N optimizer steps",
+       low=1, high=10**9, optional=True),
+    _o("checkpoint.every_minutes", "float", None, "write a checkpoint every M minutes",
+       low=0.01, high=10**6, optional=True),
+    _o("checkpoint.keep", "int", 2, "checkpoints kept (the oldest are deleted)", low=1,
+       high=1000),
+    _o("checkpoint.asynchronous", "bool", True,
+       "copy the state to CPU and write it from a thread while training goes on"),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 
@@ -113,11 +129,32 @@ def default(key: str) -> Any:
     return BY_KEY[key].default
 
 
+# What a checkpoint depends on: resuming with any of these changed would load weights of the
+# wrong shape, or continue another data order, sampler shard or compression state. Everything
+# else (steps, lr, buckets, precision, ...) may change between a run and its resume.
+RESUME_KEYS = ("train.model", "train.depth", "train.width", "train.heads", "train.dataset",
+               "train.image_size", "train.patch_size", "train.batch_size",
+               "train.grad_accum_steps", "train.seed", "ddp.comm_hook", "ddp.powersgd.rank")
+
+
 def lookup(data: dict[str, Any], key: str) -> Any:
-    """recipe_dict["ddp"]["powersgd"]["rank"] for "ddp.powersgd.rank"."""
+    """recipe_dict["ddp"]["powersgd"]["rank"] for "ddp.powersgd.rank"; None when a block the
+    recipe may leave out (checkpoint) is absent."""
     for part in key.split("."):
+        if data is None:
+            return None
         data = data[part]
     return data
+
+
+def resume_signature(values: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The settings a checkpoint was written under, from a recipe dict (launch) or from the
+    trainer's own options (`{key: value}` flat): compared before resuming."""
+    out: dict[str, Any] = {}
+    for key in RESUME_KEYS:
+        out[key] = values[key] if key in values else lookup(values, key)
+    out["world_size"] = world_size
+    return out
 
 
 def argv_for(recipe: dict[str, Any]) -> list[str]:

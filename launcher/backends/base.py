@@ -72,6 +72,8 @@ class LaunchOptions:
     runs_dir: str = "runs"
     grace_s: float = 5.0
     display: Any = None                  # launcher.display.*; None: chosen by the terminal
+    # Continue the run in its existing folder (a new attempt, launcher/resume.py checked it).
+    resume: bool = False
 
 
 class Backend(Protocol):

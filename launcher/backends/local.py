@@ -114,7 +114,8 @@ class LocalBackend:
 
         plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
                          rdzv_port=rdzv_port)
-        folder = RunFolder.create(Path(self.cwd, options.runs_dir), plan.run_id)
+        folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), plan.run_id,
+                                      resume=options.resume)
         procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
         store = LocalNodeProcess(plan.store, folder.stamp, label="store")
         return execute_plan(plan, folder, procs, grace_s=options.grace_s,

@@ -60,7 +60,7 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     from launcher.runfolder import RunFolder
 
     commands = {c.name: c for c in plan.nodes}
-    folder = RunFolder.create(launch.runs_dir, plan.run_id)
+    folder = RunFolder.for_launch(launch.runs_dir, plan.run_id, resume=launch.resume)
     # Every node provably runs the same code: the hash each node computed is this one.
     folder.write_json("code.json", code)
     procs = [SshNodeProcess(commands[n.name], n, conns[n.name], options, folder.stamp)
@@ -69,13 +69,19 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     store = SshNodeProcess(plan.store, head, conns[head.name], options, folder.stamp,
                            label="store")
 
+    by_proc = {p.name: p for p in procs}
+
     def collect() -> None:
         def fetch(name: str):
-            return fetch_tree(conns[name], commands[name].cwd, folder.node_dir(name))
+            # The node process's connection: opened again if it dropped during the run.
+            return fetch_tree(by_proc[name].connection(), commands[name].cwd,
+                              folder.node_dir(name))
 
         for name, result in in_parallel(fetch, list(commands)).items():
             if isinstance(result, Exception):
                 print(f"launch: warning: {result}")
+        for proc in procs:
+            proc.close()
 
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
                         display=launch.display, store=store)
@@ -122,7 +128,8 @@ class SshBackend:
         files = code_files(code_dir)
         recipe_file = Path(recipe.source) if Path(recipe.source).is_file() else None
         shipment = Shipment(code_dir, files, content_hash(code_dir, files),
-                            lambda node: node_run_dir(node, run_id), recipe_file)
+                            lambda node: node_run_dir(node, run_id), recipe_file,
+                            remove_on_failure=not options.resume)
         conns, facts = preflight(nodes, recipe, self.options, port, shipment)
         try:
             plan = plan_inventory(recipe, nodes, run_id, facts, rdzv_port=port, program=program)

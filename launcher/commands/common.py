@@ -25,6 +25,8 @@ def _bounded(kind, low, high, what: str):
 
 grace_seconds = _bounded(float, 0.0, 600.0, "seconds (0 to 600)")
 port_number = _bounded(int, 1, 65535, "port (1 to 65535)")
+restart_count = _bounded(int, 0, 1000, "restart count (a whole number from 0 to 1000)")
+hang_seconds = _bounded(float, 1.0, 7 * 86400.0, "number of seconds (1 to 604800)")
 
 
 def aws_command(handler):

@@ -80,6 +80,24 @@ class LocalNodeProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
+    # The node is this machine and its Python is launch's: train/node_probe.py runs in this
+    # process (py-spy still runs as its own process, from this interpreter's environment).
+    def heartbeats(self) -> list[dict]:
+        from train.node_probe import read_heartbeats
+
+        return read_heartbeats(self.command.run_dir)
+
+    def dump_ranks(self, timeout: float) -> dict:
+        from train.node_probe import dump
+
+        return dump(self.command.run_dir, self.stamp, timeout)
+
+    def kill_ranks(self, pids: list[int]) -> dict:
+        from train.node_probe import kill
+
+        return kill(pids, self.stamp)
+
 
 def reap_run(stamp: str) -> None:
     """After every agent is gone, make sure nothing of the run outlives it: every process that

@@ -4,12 +4,14 @@ stream, signal by recorded process group, fetch the node's files."""
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import queue
 import signal as signals
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fabric import Connection
 
@@ -99,6 +101,10 @@ class _LineQueue:
 
 
 class SshNodeProcess:
+    """One node agent over SSH. `start()` may be called again after it ended (a restart): each
+    start has its own output queue, so the previous start's reader drains its own lines and
+    ends; a connection that dropped is opened again."""
+
     def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
                  stamp: str, label: str | None = None):
         self.name = command.name
@@ -108,28 +114,45 @@ class SshNodeProcess:
         self.pgid_file = f"launch-{label}.pgid" if label else PGID_FILE
         self.promise = None
         self.exit_code: int | None = None
+        self._reconnected: list[Connection] = []
+        self._new_output()
+
+    def _new_output(self) -> None:
         self._lines: queue.Queue = queue.Queue()
         self._out = _LineQueue(self._lines)
         self._err = _LineQueue(self._lines)
 
+    def connection(self) -> Connection:
+        """The node's connection, a new one if it dropped (restarts, probes, fetching)."""
+        transport = self.conn.client.get_transport() if self.conn.client else None
+        if transport is None or not transport.is_active():
+            self.conn = connect(self.node, self.options)
+            self._reconnected.append(self.conn)
+        return self.conn
+
     def start(self) -> None:
+        if self.promise is not None:  # a restart: fresh output, fresh exit status
+            self._new_output()
+            self.exit_code = None
         env = [f"{k}={v}" for k, v in {**self.command.env, STAMP_ENV: self.stamp}.items()]
         line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
                       self.command.cwd or ".", self.pgid_file, "env", *env, *self.command.argv)
-        self.promise = self.conn.run(line, asynchronous=True, hide=True, warn=True, pty=False,
-                                     in_stream=False, out_stream=self._out,
-                                     err_stream=self._err)
+        self.promise = self.connection().run(
+            line, asynchronous=True, hide=True, warn=True, pty=False, in_stream=False,
+            out_stream=self._out, err_stream=self._err)
 
     def lines(self) -> Iterator[str]:
+        # This start's queue and sinks: a restart replaces them for the next reader.
+        lines, out, err, promise = self._lines, self._out, self._err, self.promise
         while True:
             try:
-                yield self._lines.get(timeout=0.2)
+                yield lines.get(timeout=0.2)
             except queue.Empty:
-                if self.exit_code is not None:
-                    self._out.close()
-                    self._err.close()
-                    while not self._lines.empty():
-                        yield self._lines.get()
+                if self.exit_code is not None or self.promise is not promise:
+                    out.close()
+                    err.close()
+                    while not lines.empty():
+                        yield lines.get()
                     return
 
     def poll(self) -> int | None:
@@ -157,11 +180,43 @@ class SshNodeProcess:
         line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
         for attempt in range(2):
             try:
-                conn = self.conn if attempt == 0 else connect(self.node, self.options)
+                # Never self.conn.run on a dropped connection: fabric would reopen it under the
+                # SFTP client it cached, and fetching the node's files later would fail.
+                conn = self.connection() if attempt == 0 else connect(self.node, self.options)
                 conn.run(line, hide=True, warn=True, in_stream=False, timeout=15)
+                if attempt:
+                    conn.close()
                 return
             except Exception:  # the session's connection may be the thing that broke
                 continue
+
+    # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
+    def _probe(self, *args: str, timeout: float) -> Any:
+        """train/node_probe.py on the node, with the node's Python, in the node's folder."""
+        line = remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
+                      self.command.cwd or ".", *self.command.probe, *args)
+        result = self.connection().run(line, hide=True, warn=True, in_stream=False,
+                                        timeout=timeout)
+        if result.exited != 0:
+            raise LauncherError(f"node probe on {self.node.address} exited {result.exited}: "
+                                f"{result.stderr.strip()[-300:]}")
+        return json.loads(result.stdout)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return self._probe("heartbeats", self.command.run_dir, timeout=15)
+
+    def dump_ranks(self, timeout: float) -> dict[str, Any]:
+        return self._probe("dump", self.command.run_dir, "--stamp", self.stamp, "--timeout",
+                           f"{timeout:g}", timeout=3 * timeout + 15)
+
+    def kill_ranks(self, pids: list[int]) -> dict[str, Any]:
+        return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
+
+    def close(self) -> None:
+        """Connections this process opened again (the original belongs to the backend)."""
+        for conn in self._reconnected:
+            conn.close()
+        self._reconnected = []
 
 
 def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from launcher.display import make_display
 from launcher.errors import RunFailed
+from launcher.execute.recovery import Recovery
 from launcher.execute.supervisor import NodeProcess, Outcome, supervise
 from launcher.logs import LineRouter, failure_excerpt
 from launcher.plan import RunPlan
@@ -35,9 +36,17 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "world_size": plan.world_size,
         "nodes": [
             {"name": n.name, "address": n.address, "exit_code": exits[n.name].exit_code,
-             "status": exits[n.name].status}
+             "status": exits[n.name].status, "restarts": exits[n.name].restarts}
             for n in plan.nodes
         ],
+        "attempt": folder.attempts(),
+        # The checkpoint step this attempt started from (`launch run --resume`), if any.
+        "resumed_from_step": outcome.recovery.get("resumed_from_step"),
+        # Every failure the run restarted after (or stopped at, beyond the budget): where it
+        # began, why, when (s after start), the checkpoint step resumed from, steps redone.
+        "restarts": outcome.recovery.get("restarts", []),
+        "restarts_allowed": plan.recovery.restarts,
+        "hang": outcome.recovery.get("hang"),
         "rank0_node": rank0_node,
         "steps": result.get("steps"),
         "images_per_sec": result.get("images_per_sec"),
@@ -52,6 +61,7 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         # Which interface counter each figure comes from; nodes sharing one (local nodes on
         # loopback) are one entry, counted once.
         "tx_counters": result.get("tx_counters"),
+        "checkpoint": result.get("checkpoint"),
         "ddp": result.get("ddp"),
         "auto": result.get("auto"),
         # Ranks whose own compute held every step back (train/stragglers.py), and every rank's
@@ -86,13 +96,17 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     facts to the summary once `after` has run (Slurm: the job id and its final state)."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
+    folder.keep_recipe(plan.recipe_source)
+    recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
+                        plan.recovery.restart_deadline_s, folder.root)
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display)
     started = _now()
     display.message(f"run {plan.run_id}: {plan.nnodes} node(s), world size {plan.world_size}; "
                     f"logs in {folder.root}")
     try:
         outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
-                            services=[*([store] if store else []), *services])
+                            services=[*([store] if store else []), *services],
+                            recovery=recovery)
     finally:
         display.close()
         router.close()
@@ -121,12 +135,17 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
             f": {summary['steps']} steps, final loss {summary['final_loss']}, "
             f"{summary['images_per_sec']} img/s"
             + (f", held-out accuracy {acc:.4f}" if acc is not None else ""))
-        display.message(f"run {plan.run_id} succeeded{trained}; summary in "
+        restarts = len(summary["restarts"])
+        after = f" after {restarts} restart(s)" if restarts else ""
+        display.message(f"run {plan.run_id} succeeded{after}{trained}; summary in "
                         f"{folder.root / 'summary.json'}")
         return summary
     failed = outcome.first_failure
     lines = [f"run {plan.run_id} {outcome.status}: {outcome.reason}."]
-    if failed:
+    hang = summary["hang"]
+    if hang is not None and hang["action"] == "stop":
+        lines.append(f"stacks of every rank: {folder.root / 'hang'}/ (summary.json `hang`)")
+    if failed and failed in tails:
         lines.append(f"last lines of node {failed}, its workers' own error first (full log: "
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]

@@ -3,6 +3,11 @@
 Every node's output is routed as it arrives. When one node exits non-zero (or its connection
 drops), or launch gets SIGINT/SIGTERM, every node still running is sent SIGTERM to its process
 group, then SIGKILL after a grace period: by the ids launch recorded, never by name.
+
+With a `recovery` (launcher/execute/recovery.py: the recipe's restarts and hang timeout), a
+node agent that dies is started again on its host while the others wait in the rendezvous,
+and a hang is described (every rank's stack) before the run restarts or stops; beyond the
+restart budget, or when a node cannot be restarted in time, everything stops as above.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from launcher.logs import LineRouter
 
@@ -35,6 +40,7 @@ class NodeExit:
     exit_code: int | None = None
     stopped_by_launch: bool = False
     started: bool = True
+    restarts: int = 0          # times launch started this node's agent again
 
     @property
     def status(self) -> str:
@@ -55,6 +61,7 @@ class Outcome:
     reason: str = ""
     duration_s: float = 0.0
     stop_latency_s: float | None = None   # from the first failure to the last node gone
+    recovery: dict[str, Any] = field(default_factory=dict)  # restarts, hang, resumed step
 
 
 def describe_exit(code: int | None) -> str:
@@ -101,15 +108,30 @@ def killed_by_signal(lines: list[str]) -> bool:
     return any(_SIGNAL_DEATH.search(line) for line in lines)
 
 
+class Recovering(Protocol):
+    """What supervise asks a recovery policy (launcher/execute/recovery.py Recovery)."""
+
+    restart_deadline_s: float
+
+    def start(self, procs: list[NodeProcess], started_at: float) -> None: ...
+    def line(self, node: str, raw: str, label: str | None) -> None: ...
+    def node_failed(self, node: str, code: int) -> bool: ...
+    def hang(self) -> tuple[Any, bool, list[str]] | None: ...
+    def trouble(self) -> tuple[str, str] | None: ...
+    def restarted(self) -> None: ...
+    def stop(self) -> dict[str, Any]: ...
+
+
 def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 5.0,
               poll_s: float = 0.1, notify=None, services: list[NodeProcess] = (),
-              settle_s: float = 1.0) -> Outcome:
+              settle_s: float = 1.0, recovery: Recovering | None = None) -> Outcome:
     """Start every node, stream its lines, stop all when one fails. Returns when all are gone.
 
     `services` (the rendezvous store) start first and are stopped once every node has
     exited; one that ends while nodes still run fails the run. After the first failure the
     others get `settle_s` to report theirs before being stopped, so that the node where it
-    started (a rank killed by a signal) is named, not the first to notice."""
+    started (a rank killed by a signal) is named, not the first to notice. `recovery` decides
+    about restarts and watches for hangs."""
     notify = notify or (lambda text: None)
     exits = {p.name: NodeExit(p.name) for p in procs}
     readers: list[threading.Thread] = []
@@ -127,6 +149,8 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         try:
             for line in proc.lines():
                 router.line(proc.name, line, label=label)
+                if recovery is not None and label is None:
+                    recovery.line(proc.name, line, label)
         except Exception as err:  # a dropped connection ends the stream; poll() reports it
             router.line(proc.name, f"[launch] output stream ended: {err}", label=label)
 
@@ -155,6 +179,77 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         t.start()
         readers.append(t)
 
+    def restart_after_hang(report) -> tuple[str | None, str | None]:
+        """Kill the stuck ranks (their node's torchrun starts its workers again, and the
+        other nodes follow into a new rendezvous round); a node whose ranks cannot be killed
+        that way gets its agent restarted."""
+        by_name = {p.name: p for p in procs}
+        targets = report.pids_to_restart() or {name: [] for name in by_name}
+        for name, pids in targets.items():
+            p = by_name[name]
+            gone = []
+            if pids and hasattr(p, "kill_ranks"):
+                try:
+                    gone = p.kill_ranks(pids).get("killed", [])
+                except Exception as err:  # noqa: BLE001 (then the agent goes instead)
+                    notify(f"could not kill the stuck ranks on node {name}: {err}")
+            if gone:
+                notify(f"killed rank process(es) {', '.join(map(str, gone))} on node "
+                       f"{name}; torchrun restarts its workers")
+                continue
+            problem = restart(p, "after the hang")
+            if problem is not None:
+                return problem, name
+        recovery.restarted()
+        return None, None
+
+    def restart(p: NodeProcess, why: str) -> str | None:
+        """The node's agent again on the same host: what is left of the old one is killed
+        (by its process group), then it is started, retried until the restart deadline (its
+        peers wait that long in the rendezvous). Returns why it could not be."""
+        notify(f"restarting node {p.name} ({why}); the other nodes wait in the rendezvous")
+        p.signal(signal.SIGKILL)
+        gone_by = time.monotonic() + grace_s + 5.0
+        while p.poll() is None and time.monotonic() < gone_by:
+            time.sleep(poll_s)
+        give_up_at = time.monotonic() + recovery.restart_deadline_s
+        while True:
+            try:
+                p.start()
+                break
+            except Exception as err:  # noqa: BLE001 (unreachable host: retried, then named)
+                if request.signum is not None:
+                    return "launch was interrupted while restarting it"
+                if time.monotonic() >= give_up_at:
+                    return (f"node {p.name} could not be restarted within "
+                            f"{recovery.restart_deadline_s:g}s: {err}")
+                time.sleep(2.0)
+        exits[p.name].restarts += 1
+        start_reader(p)
+        recovery.restarted()
+        return None
+
+    def act_on_recovery() -> None:
+        """A hang the watch found (restart or stop), or a reason to stop (out of restarts,
+        a restart that did not bring the rendezvous back)."""
+        nonlocal first_failure, status, reason
+        found = recovery.hang()
+        if found is not None:
+            report, restart_allowed, lines = found
+            for text in lines:
+                notify(text)
+            problem, where = restart_after_hang(report) if restart_allowed else \
+                (report.reason(), (report.stuck_nodes() or [None])[0])
+            if problem is not None:
+                first_failure, status, reason = where, "failed", problem
+                begin_stop(f"{reason}; stopping all nodes")
+                return
+        trouble = recovery.trouble()
+        if trouble is not None:
+            first_failure, reason = trouble
+            status = "failed"
+            begin_stop(f"{reason}; stopping all nodes")
+
     with _StopRequest() as request:
         for service in services:
             try:
@@ -177,6 +272,8 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 begin_stop(f"{reason}; stopping the nodes already started")
                 break
             start_reader(p)
+        if recovery is not None and stop_at is None:
+            recovery.start(procs, started_at)
         while any(e.exit_code is None for e in exits.values()):
             time.sleep(poll_s)
             now = time.monotonic()
@@ -187,6 +284,15 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 code = p.poll()
                 if code is None:
                     continue
+                if (code != 0 and recovery is not None and stop_at is None
+                        and settle_until is None and request.signum is None
+                        and not any(e.exit_code == 0 for e in exits.values())
+                        and recovery.node_failed(p.name, code)):
+                    problem = restart(p, f"its agent {describe_exit(code)}")
+                    if problem is None:
+                        continue
+                    first_failure, status, reason = p.name, "failed", problem
+                    begin_stop(f"{reason}; stopping all nodes")
                 node.exit_code = code
                 if code != 0 and stop_at is None:
                     failed_at.setdefault(p.name, now)
@@ -199,6 +305,8 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                     first_failure, status = service.name, "failed"
                     reason = f"the {label} on node {service.name} {describe_exit(code)}"
                     begin_stop(f"{reason}; stopping all nodes")
+            if recovery is not None and stop_at is None and request.signum is None:
+                act_on_recovery()
             if settle_until is not None and stop_at is None and (
                     now >= settle_until or request.signum is not None
                     or all(e.exit_code is not None for e in exits.values())):
@@ -217,12 +325,14 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                     if exits[p.name].exit_code is None:
                         p.signal(signal.SIGKILL)
         stop_services(services, grace_s)
+    recovered = recovery.stop() if recovery is not None else {}
     for t in readers:
         t.join(timeout=2.0)
     return Outcome(
         status=status, nodes=list(exits.values()), first_failure=first_failure, reason=reason,
         duration_s=time.monotonic() - started_at,
         stop_latency_s=None if stop_at is None else time.monotonic() - stop_at,
+        recovery=recovered,
     )
 
 

@@ -57,7 +57,7 @@ def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
     ]
 
 
-def expected_env(node_index: int, omp: str | None) -> dict[str, str]:
+def expected_env(node_index: int, omp: str | None, gpus: int = 0) -> dict[str, str]:
     env = {"LAUNCH_RUN_ID": "run-7", "LAUNCH_NODE": f"gpu{node_index}", "PYTHONUNBUFFERED": "1"}
     if omp:
         env["OMP_NUM_THREADS"] = omp
@@ -65,8 +65,14 @@ def expected_env(node_index: int, omp: str | None) -> dict[str, str]:
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_FILE": f"/srv/run/gpu{node_index}/nccl-debug.%h.%p.log",
         "GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5",
-        "TORCH_SHOW_CPP_STACKTRACES": "1",
     })
+    if gpus:  # NCCL's flight recorder, for hang forensics
+        env.update({
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"/srv/run/gpu{node_index}/hang/nccl-trace.rank",
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"/srv/run/gpu{node_index}/hang/nccl-trace.rank",
+        })
+    env["TORCH_SHOW_CPP_STACKTRACES"] = "1"
     return env
 
 
@@ -82,7 +88,10 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
     assert [c.is_head for c in plan.nodes] == [True] + [False] * (n - 1)
     for i, command in enumerate(plan.nodes):
         assert list(command.argv) == expected_argv(n, nproc, i)
-        assert command.env == expected_env(i, omp)
+        assert command.env == expected_env(i, omp, gpus)
+        assert list(command.probe) == ["/opt/launch/venv/bin/python",
+                                       "/srv/run/code/train/node_probe.py"]
+    assert plan.recovery.restarts == 0 and plan.recovery.hang_timeout_s is None
     assert plan.store.name == "gpu0"
     assert list(plan.store.argv) == ["/opt/launch/venv/bin/python", "/srv/run/code/train/rdzv_store.py",
                                      "--host", "10.0.0.1", "--port", "29400"]

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from launcher.plan import trainer_args
-from launcher.recipe import DDP, Recipe, Train, recipe_from_mapping
+from launcher.recipe import DDP, Checkpoint, Recipe, Train, recipe_from_mapping
 from train.main import parse_args
 from train.options import OPTIONS
 
@@ -25,7 +25,8 @@ SAMPLES = {
     "train.log_every": 3, "train.save_model": True, "ddp.static_graph": True,
     "ddp.gradient_as_bucket_view": True, "ddp.bucket_cap_mb": 3.5, "ddp.comm_hook": "fp16",
     "ddp.powersgd.rank": 4, "ddp.powersgd.start_iter": 5, "ddp.powersgd.warm_start": False,
-    "ddp.powersgd.error_feedback": False,
+    "ddp.powersgd.error_feedback": False, "checkpoint.every_steps": 25,
+    "checkpoint.every_minutes": 2.5, "checkpoint.keep": 5, "checkpoint.asynchronous": False,
 }
 
 
@@ -38,6 +39,8 @@ def recipe_with(key: str, value):
     node[leaf] = value
     if key == "train.epochs":
         del data["train"]["steps"]
+    if key.startswith("checkpoint.") and key != "checkpoint.every_minutes":
+        data["checkpoint"].setdefault("every_steps", 50)  # a checkpoint block says when
     return recipe_from_mapping(data, "walk.yml")
 
 
@@ -47,6 +50,20 @@ def test_every_option_reaches_the_trainer(option):
     assert value != option.default
     args = parse_args(trainer_args(recipe_with(option.key, value), "/tmp/out"))
     assert getattr(args, option.dest) == value
+
+
+def test_checkpoint_flags_keep_their_block_name():
+    """`--keep` alone would not say what is kept."""
+    args = trainer_args(recipe_with("checkpoint.keep", 5), "/tmp/out")
+    assert args[args.index("--checkpoint-every-steps") + 1] == "50"
+    assert args[args.index("--checkpoint-keep") + 1] == "5"
+    assert "--checkpoint-asynchronous" in args
+
+
+def test_a_recipe_without_checkpoints_passes_no_checkpoint_flags():
+    args = trainer_args(Recipe.model_validate(BASE), "/tmp/out")
+    assert not [a for a in args if a.startswith("--checkpoint")]
+    assert parse_args(args).checkpoint_every_steps is None
 
 
 def test_bucket_cap_auto_reaches_the_trainer():
@@ -65,7 +82,8 @@ def fields(model: type[BaseModel], prefix: str) -> dict[str, object]:
 
 
 def test_recipe_blocks_and_trainer_options_are_the_same_set_with_the_same_defaults():
-    recipe_fields = {**fields(Train, "train."), **fields(DDP, "ddp.")}
+    recipe_fields = {**fields(Train, "train."), **fields(DDP, "ddp."),
+                     **fields(Checkpoint, "checkpoint.")}
     assert set(recipe_fields) == {o.key for o in OPTIONS}
     parser_defaults = vars(parse_args([]))
     for option in OPTIONS:

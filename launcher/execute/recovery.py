@@ -1,0 +1,245 @@
+"""Restarts: counting them against the recipe's budget, and what each one cost.
+
+One failure often shows up several times: a killed worker's agent reports it, and the ranks
+on the other nodes then lose their peer and fail too. Everything reported until the
+rendezvous has re-formed (a new worker prints its `rank R/W on HOST` line) belongs to one
+*incident*, blamed on the node where it began (a worker killed by a signal, else the first to
+report), and counts once. What it cost comes from the trainer's own lines:
+
+    resumed from checkpoint step 40 (...); the previous attempt had reached step 47: 7 step(s) lost
+    step 41: first step since the restart
+
+torchrun restarts a node's workers by itself (`--max-restarts`, the same budget); launch
+restarts a node agent that died or whose connection dropped, and after a hang the agents of
+the stuck ranks.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.execute.forensics import HangReport, investigate
+from launcher.execute.supervisor import describe_exit
+from launcher.execute.watch import HangWatch
+from launcher.logs import split_rank
+
+# torchrun's agent, when a worker fails: "failed (exitcode: -9) local_rank: 0 (pid: 123) of
+# binary: ..." (torch/distributed/elastic/multiprocessing/api.py).
+WORKER_FAILED = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)")
+# train/main.py
+REFORMED = re.compile(r"^rank \d+/\d+ on ")
+RESUMED = re.compile(r"^resumed from checkpoint step (?P<step>\d+)")
+NO_CHECKPOINT = re.compile(r"^no checkpoint to resume from")
+LOST = re.compile(r"had reached step (?P<reached>\d+): (?P<lost>\d+) step\(s\) lost")
+LOADED = re.compile(r"read and shared in (?P<s>[0-9.]+)s")
+FIRST_STEP = re.compile(r"^step (?P<step>\d+): first step since the restart")
+
+
+@dataclass
+class Incident:
+    kind: str                  # worker | node | hang
+    node: str
+    reason: str
+    at_time_s: float
+    signal_death: bool = False
+    reformed: bool = False
+    resumed_from_step: int | None = None
+    steps_lost: int | None = None
+    recovered_in_s: float | None = None
+    checkpoint_load_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "kind": self.kind, "reason": self.reason,
+                "at_time_s": round(self.at_time_s, 3),
+                "resumed_from_step": self.resumed_from_step, "steps_lost": self.steps_lost,
+                "recovered_in_s": None if self.recovered_in_s is None
+                else round(self.recovered_in_s, 3),
+                "checkpoint_load_s": self.checkpoint_load_s}
+
+
+class RestartBook:
+    """Thread-safe: reader threads feed lines, the supervisor asks."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.incidents: list[Incident] = []
+        # What this attempt started from (`launch run --resume`, or a trainer that found a
+        # checkpoint at start-up): before any incident.
+        self.started_from_step: int | None = None
+        self.started_steps_lost: int | None = None
+        self._exhausted: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    @property
+    def used(self) -> int:
+        return len(self.incidents)
+
+    def _open(self) -> Incident | None:
+        current = self.incidents[-1] if self.incidents else None
+        return current if current is not None and not current.reformed else None
+
+    def failure(self, kind: str, node: str, reason: str, now_s: float,
+                signal_death: bool = False) -> bool:
+        """A failure: part of the open incident, or a new one. True while within budget."""
+        with self._lock:
+            current = self._open()
+            if current is not None:
+                if signal_death and not current.signal_death and current.kind != "hang":
+                    # Where it began: a worker killed by a signal launch did not send (after a
+                    # hang, launch's own kill of the stuck rank is not the cause).
+                    current.node, current.reason = node, reason
+                    current.signal_death = True
+                return True
+            self.incidents.append(Incident(kind, node, reason, now_s, signal_death))
+            if len(self.incidents) > self.budget:
+                self._exhausted = (node, f"{reason}; the run had used its {self.budget} "
+                                         f"restart(s)")
+                return False
+            return True
+
+    def exhausted(self) -> tuple[str, str] | None:
+        """(node, reason) once a failure came with no restart left."""
+        with self._lock:
+            return self._exhausted
+
+    def waiting(self, now_s: float, deadline_s: float) -> Incident | None:
+        """The open incident, once the rendezvous has taken longer than deadline_s to
+        re-form."""
+        with self._lock:
+            current = self._open()
+            if current is not None and now_s - current.at_time_s > deadline_s:
+                return current
+            return None
+
+    def line(self, node: str, rank: str, text: str, now_s: float) -> None:
+        """Every line any node prints, as it arrives."""
+        text = text.strip()
+        m = WORKER_FAILED.search(text)
+        if m and self.enabled and rank == "agent":
+            code = int(m["code"])
+            self.failure("worker", node, f"worker local_rank {m['local_rank']} (pid "
+                         f"{m['pid']}) {describe_exit(code)}", now_s, signal_death=code < 0)
+            return
+        if REFORMED.match(text):
+            with self._lock:
+                current = self._open()
+                if current is not None:
+                    current.reformed = True
+            return
+        resumed, none = RESUMED.match(text), NO_CHECKPOINT.match(text)
+        if resumed or none:
+            step = int(resumed["step"]) if resumed else 0
+            lost = LOST.search(text)
+            with self._lock:
+                target = self.incidents[-1] if self.incidents else None
+                if target is None or target.resumed_from_step is not None:
+                    self.started_from_step = step
+                    self.started_steps_lost = int(lost["lost"]) if lost else None
+                    return
+                target.resumed_from_step = step
+                target.steps_lost = int(lost["lost"]) if lost else None
+                loaded = LOADED.search(text)
+                target.checkpoint_load_s = float(loaded["s"]) if loaded else None
+            return
+        if FIRST_STEP.match(text):
+            with self._lock:
+                if self.incidents and self.incidents[-1].recovered_in_s is None:
+                    self.incidents[-1].recovered_in_s = now_s - self.incidents[-1].at_time_s
+
+    def to_json(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [i.to_json() for i in self.incidents]
+
+
+class Recovery:
+    """The supervisor's recovery policy for one run (launcher/execute/supervisor.py
+    Recovering): the restart budget, the hang watch, and what they recorded."""
+
+    def __init__(self, restarts: int, hang_timeout_s: float | None, restart_deadline_s: float,
+                 folder: Path, clock=time.monotonic):
+        self.book = RestartBook(restarts)
+        self.hang_timeout_s = hang_timeout_s
+        self.restart_deadline_s = restart_deadline_s
+        self.folder = folder
+        self.clock = clock
+        self.started_at = clock()
+        self.watch: HangWatch | None = None
+        self.hangs: list[dict[str, Any]] = []
+
+    def _now_s(self) -> float:
+        return self.clock() - self.started_at
+
+    def start(self, procs: list, started_at: float) -> None:
+        self.started_at = started_at
+        watched = [p for p in procs if hasattr(p, "heartbeats") and hasattr(p, "dump_ranks")]
+        if watched:
+            self.watch = HangWatch(watched, self.hang_timeout_s, self._investigate, self.clock)
+            self.watch.start()
+
+    def _investigate(self, procs: list, idle_s: float, timeout_s: float) -> HangReport:
+        return investigate(procs, idle_s, timeout_s, self.folder, number=len(self.hangs) + 1)
+
+    def line(self, node: str, raw: str, label: str | None) -> None:
+        rank, text = split_rank(raw.rstrip("\r\n"))
+        self.book.line(node, rank, text, self._now_s())
+
+    def node_failed(self, node: str, code: int) -> bool:
+        """A node agent ended with `code`: restart it (True) while restarts are left."""
+        if not self.book.enabled or (self.watch is not None and self.watch.finished()):
+            return False
+        return self.book.failure("node", node, f"node agent {describe_exit(code)}",
+                                 self._now_s(), signal_death=code < 0)
+
+    def hang(self) -> tuple[HangReport, bool, list[str]] | None:
+        """A hang the watch found: (report, restart?, lines to print)."""
+        report = self.watch.take() if self.watch is not None else None
+        if report is None:
+            return None
+        now_s = self._now_s()
+        stuck = report.stuck_nodes()
+        restart = self.book.enabled and self.book.failure(
+            "hang", stuck[0] if stuck else "all", report.reason(), now_s)
+        self.hangs.append(report.to_json(now_s, "restart" if restart else "stop"))
+        lines = report.lines(self.folder)
+        if restart:
+            lines.append("restarting the nodes of the stuck ranks" if stuck
+                         else "restarting every node")
+        return report, restart, lines
+
+    def trouble(self) -> tuple[str, str] | None:
+        """(node, reason) when the run must stop: out of restarts, or a restart that did not
+        bring the rendezvous back within the deadline."""
+        exhausted = self.book.exhausted()
+        if exhausted is not None:
+            return exhausted
+        late = self.book.waiting(self._now_s(), self.restart_deadline_s)
+        if late is not None:
+            return late.node, (f"{late.reason}; the rendezvous did not re-form within "
+                               f"{self.restart_deadline_s:g}s of it")
+        return None
+
+    def restarted(self) -> None:
+        if self.watch is not None:
+            self.watch.resume()
+
+    def stop(self) -> dict[str, Any]:
+        if self.watch is not None:
+            self.watch.stop()
+        return {
+            "restarts": self.book.to_json(),
+            "restarts_allowed": self.book.budget,
+            "hang": self.hangs[-1] if self.hangs else None,
+            "hangs": self.hangs,
+            "resumed_from_step": self.book.started_from_step,
+            "steps_lost_before_resume": self.book.started_steps_lost,
+        }

@@ -1,0 +1,331 @@
+"""Checkpoints: the state a run continues from exactly, written without holding up training.
+
+What is saved: the model, the optimizer (AdamW moments), the step, the data-order position
+(epoch and the steps already taken in it: the DistributedSampler's offset), every rank's RNG
+states (torch, CUDA, Python, numpy), the comm hook's state (PowerSGD's iteration, generator,
+warm-start P/Q and each rank's error-feedback residual; `comm_hook: auto`'s decision), and the
+settings the state depends on (train/options.py RESUME_KEYS). The learning rate is a function
+of the step (train/main.py lr_at), so the step restores the schedule. There is no AMP loss
+scaler to save: precisions are fp32 and bf16, and bf16 needs no loss scaling.
+
+Who writes: one rank, the *keeper*: local rank 0 of the head node (LAUNCH_CHECKPOINT_NODE),
+so that checkpoints live in the head's run folder (runs/<id>/<head>/checkpoints/) whichever
+rank the rendezvous numbered 0 (c10d orders nodes by address and agent pid, so rank 0 moves
+when an agent restarts). Every rank sends the keeper its own part (RNG, residuals); the keeper
+copies the rest to CPU, and a thread writes the file (train/checkpoint_files.py: temp file,
+fsync, rename) while training goes on. The other ranks never wait on the keeper's disk.
+
+Who reads: the keeper alone (only the head's disk needs the file); it sends the shared state to
+every rank and each rank its own part.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from train import checkpoint_files as files
+from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
+from train.options import OPTIONS, RESUME_KEYS, resume_signature
+
+KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    keep: int = 2
+    asynchronous: bool = True
+
+    @classmethod
+    def from_args(cls, args) -> CheckpointPolicy:
+        return cls(args.checkpoint_every_steps, args.checkpoint_every_minutes,
+                   args.checkpoint_keep, args.checkpoint_asynchronous)
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps is not None or self.every_minutes is not None
+
+
+def signature_of(args, world: int) -> dict[str, Any]:
+    by_key = {o.key: getattr(args, o.dest) for o in OPTIONS if o.key in RESUME_KEYS}
+    return resume_signature(by_key, world)
+
+
+def signature_problems(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Each setting that differs, as 'key: checkpoint X, now Y'."""
+    return [f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
+            for key, value in now.items() if saved.get(key) != value]
+
+
+# ---- state pieces ------------------------------------------------------------------------
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """Tensors copied to CPU (training goes on changing the originals in place)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _python_rng_from_lists(value: Any) -> Any:
+    """random.getstate() is (int, tuple, float|None); a checkpoint may give lists back."""
+    version, internal, gauss = value
+    return version, tuple(internal), gauss
+
+
+@dataclass
+class Stats:
+    """Where checkpointing time goes, on the keeper: `blocking_s` holds up training (the
+    ranks' exchange, the CPU copy, waiting for the previous write; with synchronous writes the
+    write too), `write_s` is the writer thread's."""
+
+    saves: int = 0
+    blocking_s: float = 0.0
+    exchange_s: float = 0.0     # the ranks' parts gathered (a collective)
+    copy_s: float = 0.0         # the model and optimizer copied to CPU
+    write_s: float = 0.0
+    waited_s: float = 0.0
+    last_bytes: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"saves": self.saves, "blocking_s": round(self.blocking_s, 6),
+                "blocking_s_per_save": round(self.blocking_s / self.saves, 6)
+                if self.saves else None,
+                "exchange_s_per_save": round(self.exchange_s / self.saves, 6)
+                if self.saves else None,
+                "copy_s_per_save": round(self.copy_s / self.saves, 6) if self.saves else None,
+                "write_s_per_save": round(self.write_s / self.saves, 6) if self.saves else None,
+                "waited_for_previous_s": round(self.waited_s, 6),
+                "bytes": self.last_bytes, "failures": self.failures}
+
+
+class Writer:
+    """Writes one checkpoint at a time: in a thread (asynchronous) or in the caller."""
+
+    def __init__(self, folder: Path, keep: int, asynchronous: bool, stats: Stats):
+        self.folder, self.keep, self.asynchronous, self.stats = folder, keep, asynchronous, stats
+        self._thread: threading.Thread | None = None
+
+    def submit(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.wait()
+        if self.asynchronous:
+            self._thread = threading.Thread(target=self._write, args=(state, meta),
+                                            name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._write(state, meta)
+
+    def wait(self) -> float:
+        if self._thread is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._thread.join()
+        self._thread = None
+        waited = time.perf_counter() - t0
+        self.stats.waited_s += waited
+        return waited
+
+    def _write(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        name = files.stem(meta["step"])
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            size = files.write_atomic(self.folder / f"{name}.pt",
+                                      lambda f: torch.save(state, f))
+            files.write_json_atomic(self.folder / f"{name}.json",
+                                    {**meta, "bytes": size, "file": f"{name}.pt"})
+            files.prune(self.folder, self.keep)
+            self.stats.last_bytes = size
+        except OSError as err:  # a full disk costs the checkpoint, not the run
+            message = f"checkpoint at step {meta['step']} not written: {err}"
+            self.stats.failures.append(message)
+            print(message, flush=True)
+        self.stats.write_s += time.perf_counter() - t0
+
+
+class Checkpointer:
+    """Saves on schedule and restores at start-up; every rank has one (saving and restoring are
+    collectives: every rank calls them at the same step)."""
+
+    def __init__(self, policy: CheckpointPolicy, out_dir: Path, signature: dict[str, Any],
+                 device: torch.device, rank: int, world: int):
+        self.policy, self.signature, self.device = policy, signature, device
+        self.rank, self.world = rank, world
+        self.folder = Path(out_dir) / files.CHECKPOINT_DIR
+        self.keeper = self._find_keeper()
+        self.stats = Stats()
+        self.writer = Writer(self.folder, policy.keep, policy.asynchronous, self.stats) \
+            if self.is_keeper else None
+        self._last_save_at = time.monotonic()
+
+    @property
+    def is_keeper(self) -> bool:
+        return self.rank == self.keeper
+
+    def _find_keeper(self) -> int:
+        """Local rank 0 of the node launch named; rank 0 when run by hand."""
+        head = os.environ.get(KEEPER_ENV)
+        mine = head is not None and head == os.environ.get("LAUNCH_NODE") \
+            and int(os.environ.get("LOCAL_RANK", "0")) == 0
+        flags: list = [None] * self.world
+        dist.all_gather_object(flags, mine)
+        return flags.index(True) if True in flags else 0
+
+    # ---- saving ---------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        if self.policy.every_steps is not None:
+            return step % self.policy.every_steps == 0
+        if self.policy.every_minutes is None:
+            return False
+        # Ranks' clocks differ: the keeper's decides, and every rank learns it (a save is a
+        # collective, so all must agree on the step).
+        late = time.monotonic() - self._last_save_at >= self.policy.every_minutes * 60
+        flag = torch.tensor([1.0 if late and self.is_keeper else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
+    def save(self, run) -> None:
+        """At step run.step: every rank sends its part; the keeper copies and hands the
+        state to the writer."""
+        t0 = time.perf_counter()
+        hook_shared, hook_mine = hook_checkpoint(run.hook_state)
+        mine = {"rank": self.rank, "rng": rng_state(self.device), "hook": hook_mine}
+        parts: list | None = [None] * self.world if self.is_keeper else None
+        dist.gather_object(mine, parts, dst=self.keeper)
+        self._last_save_at = time.monotonic()
+        if not self.is_keeper:
+            return
+        t1 = time.perf_counter()
+        meta = {
+            "format": files.FORMAT, "step": run.step, "epoch": run.epoch,
+            "offset": run.step - run.epoch * run.steps_per_epoch, "total": run.total,
+            "signature": self.signature, "written_at": time.time(),
+        }
+        state = {
+            "meta": meta,
+            "model": _cpu_copy(run.ddp.module.state_dict()),
+            "optimizer": _cpu_copy(run.optimizer.state_dict()),
+            "hook": hook_shared,
+            "auto": run.auto.state_dict() if run.auto is not None else None,
+            "ranks": parts,
+        }
+        t2 = time.perf_counter()
+        self.writer.submit(state, meta)
+        self.stats.saves += 1
+        self.stats.exchange_s += t1 - t0
+        self.stats.copy_s += t2 - t1
+        self.stats.blocking_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
+
+    def stats_json(self) -> dict[str, Any] | None:
+        """The keeper's numbers, on every rank (rank 0 writes result.json)."""
+        box = [self.stats.to_json() if self.is_keeper else None]
+        dist.broadcast_object_list(box, src=self.keeper)
+        return box[0]
+
+    # ---- restoring -------------------------------------------------------------------------
+    def _read_latest(self) -> tuple[dict[str, Any] | None, str]:
+        """The newest complete checkpoint that loads (keeper only); a damaged one is skipped
+        with a line saying so."""
+        for found in reversed(files.complete(self.folder)):
+            try:
+                state = torch.load(found.state, map_location="cpu", weights_only=True)
+                return state, found.name
+            except Exception as err:  # noqa: BLE001 (a torn or foreign file: try the older)
+                print(f"checkpoint {found.state} could not be read ({type(err).__name__}: "
+                      f"{err}); trying the one before it", flush=True)
+        return None, ""
+
+    def restore(self, run) -> dict[str, Any] | None:
+        """Load the latest checkpoint into `run` on every rank; returns its meta, or None when
+        there is none. Raises SystemExit when it was written under other settings."""
+        t0 = time.perf_counter()
+        header: list = [None]
+        state = None
+        if self.is_keeper:
+            state, name = self._read_latest()
+            if state is None:
+                header[0] = {"status": "none"}
+            else:
+                problems = signature_problems(state["meta"]["signature"], self.signature)
+                header[0] = {"status": "mismatch" if problems else "ok", "file": name,
+                             "problems": problems, "meta": state["meta"]}
+        dist.broadcast_object_list(header, src=self.keeper)
+        head = header[0]
+        if head["status"] == "none":
+            return None
+        if head["status"] == "mismatch":
+            raise SystemExit(
+                f"checkpoint {self.folder / head['file']} was written under other settings "
+                "and cannot be resumed: " + "; ".join(head["problems"]))
+        shared = [None]
+        if self.is_keeper:
+            shared[0] = {k: state[k] for k in ("model", "optimizer", "hook", "auto")}
+        dist.broadcast_object_list(shared, src=self.keeper)
+        mine: list = [None]
+        dist.scatter_object_list(mine, state["ranks"] if self.is_keeper else None,
+                                 src=self.keeper)
+        self._apply(run, head["meta"], shared[0], mine[0])
+        return {**head["meta"], "file": head["file"], "load_s": time.perf_counter() - t0}
+
+    def _apply(self, run, meta, shared, mine) -> None:
+        run.ddp.module.load_state_dict(shared["model"])
+        run.optimizer.load_state_dict(shared["optimizer"])
+        # The optimizer's saved hyper-parameters would override the recipe's: the recipe
+        # decides (the learning rate is set every step from the schedule anyway).
+        for group in run.optimizer.param_groups:
+            group["weight_decay"] = run.args.weight_decay
+        restore_hook(run.hook_state, shared["hook"], mine["hook"])
+        size = run.args.image_size
+        rebuild_buckets_first(run.ddp, run.hook_state, torch.zeros(
+            run.args.batch_size, run.data.in_channels, size, size, device=self.device))
+        if run.auto is not None:
+            run.auto.load_state_dict(shared["auto"], meta["step"])
+        rng = dict(mine["rng"])
+        rng["python"] = _python_rng_from_lists(rng["python"])
+        set_rng_state(rng, self.device)
+        run.step, run.epoch = meta["step"], meta["epoch"]
+        run.resume_offset = meta["offset"]
+        self._last_save_at = time.monotonic()

@@ -1,0 +1,237 @@
+"""What launch runs on a node (with the node's interpreter) to watch its ranks and, when the
+run hangs, to describe them. Prints JSON.
+
+    python train/node_probe.py heartbeats RUN_DIR
+    python train/node_probe.py dump RUN_DIR --stamp STAMP [--timeout 10]
+    python train/node_probe.py kill --stamp STAMP PID...
+
+`heartbeats`: every rank's heartbeat file (train/heartbeat.py) in the node's folder.
+`dump`: for every rank whose heartbeat names a live process of this run (its environment
+carries LAUNCH_RUN_STAMP=STAMP: a pid reused by another process is never touched): its
+process state from /proc (R running, S sleeping, D disk wait, T stopped, t traced, Z zombie),
+the kernel function it waits in (wchan), and every thread's Python stack:
+  1. `py-spy dump` (the py-spy next to this interpreter, else on PATH): reads the process's
+     memory, so it also works on a stopped process (measured: py-spy 0.3.14 5 of 5 on Python
+     3.11, running and SIGSTOPped; 0.4.3 failed every time, hence the pin in pyproject.toml);
+  2. else SIGUSR2, which the trainer registered with faulthandler: works where ptrace is not
+     allowed, but only in a process that runs (a stopped one answers when continued).
+On NCCL ranks it also asks the flight recorder for a dump (TORCH_NCCL_DEBUG_INFO_PIPE_FILE).
+`kill`: SIGKILL to the given ranks, each only if it is a process of this run (the stamp):
+torchrun then restarts the node's workers, the way it does when one dies.
+
+Imports only the standard library (and the trainer's heartbeat module, stdlib too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from train.heartbeat import (HEARTBEAT_DIR, STACK_SIGNAL, read_heartbeat,  # noqa: E402
+                             stack_path)
+
+STAMP_ENV = "LAUNCH_RUN_STAMP"
+STATE_NAMES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "T": "stopped",
+               "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
+
+
+def read_heartbeats(run_dir: str | Path) -> list[dict[str, Any]]:
+    folder = Path(run_dir) / HEARTBEAT_DIR
+    out = []
+    for path in sorted(folder.glob("local*.json")):
+        beat = read_heartbeat(path)
+        if beat is not None:
+            out.append(beat)
+    return out
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def process_state(pid: int) -> tuple[str | None, str | None]:
+    """(state letter, wchan) from /proc, or (None, None) when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None, None
+    # The command name sits in parentheses and may hold spaces: the state follows the last ')'.
+    state = stat.rsplit(")", 1)[1].split()[0]
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or None
+    except OSError:
+        wchan = None
+    return state, (None if wchan == "0" else wchan)
+
+
+def find_py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def py_spy_dump(pid: int, timeout: float) -> tuple[str | None, str | None]:
+    """(stack text, error)."""
+    exe = find_py_spy()
+    if exe is None:
+        return None, "py-spy is not installed next to the node's Python nor on PATH"
+    try:
+        proc = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy dump took more than {timeout:g}s"
+    except OSError as err:
+        return None, f"py-spy could not run: {err}"
+    if proc.returncode != 0 or "Thread " not in proc.stdout:
+        why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        return None, f"py-spy dump failed: {why[-1] if why else f'exit {proc.returncode}'}"
+    return proc.stdout, None
+
+
+def faulthandler_dump(pid: int, path: Path, timeout: float) -> tuple[str | None, str | None]:
+    """Ask the rank to print its own stacks (train/heartbeat.py registered the signal)."""
+    try:
+        before = path.stat().st_size
+    except OSError:
+        return None, f"no stack file {path}"
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError as err:
+        return None, f"could not signal {pid}: {err}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            if path.stat().st_size > before:
+                time.sleep(0.2)  # let it finish writing every thread
+                with open(path, "rb") as f:
+                    f.seek(before)
+                    return f.read().decode(errors="replace"), None
+        except OSError:
+            break
+    return None, f"the rank did not answer {signal.Signals(STACK_SIGNAL).name} within " \
+                 f"{timeout:g}s"
+
+
+def flight_recorder(pid: int, rank: int, env: dict[str, str], timeout: float) -> str | None:
+    """Ask NCCL for its flight recorder dump; returns the dump's path once written."""
+    stem = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    out = env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if not stem or not out:
+        return None
+    cwd = Path(f"/proc/{pid}/cwd")
+    pipe = Path(f"{stem}{rank}.pipe")
+    dump = Path(f"{out}{rank}")
+    if not pipe.is_absolute():
+        pipe, dump = Path(os.readlink(cwd)) / pipe, Path(os.readlink(cwd)) / dump
+    try:
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return None  # no pipe: gloo, or NCCL built without it
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if dump.exists():
+            return str(dump)
+        time.sleep(0.1)
+    return None
+
+
+def describe_rank(beat: dict[str, Any], run_dir: Path, stamp: str, timeout: float
+                  ) -> dict[str, Any]:
+    pid = int(beat["pid"])
+    out: dict[str, Any] = {key: beat.get(key) for key in
+                           ("node", "rank", "local_rank", "pid", "step", "phase", "attempt")}
+    env = _environ(pid)
+    state, wchan = process_state(pid)
+    if state is None or env.get(STAMP_ENV) != stamp:
+        out.update(state="gone", state_name="not running (its heartbeat is all that is left)",
+                   stack=None, stack_source=None, error="process gone")
+        return out
+    out.update(state=state, state_name=STATE_NAMES.get(state, state), wchan=wchan)
+    stopped = state in ("T", "t")
+    stack, error = py_spy_dump(pid, timeout)
+    source = "py-spy" if stack else None
+    if stack is None and not stopped:  # a stopped process cannot run a signal handler
+        stack, fallback_error = faulthandler_dump(
+            pid, run_dir / stack_path(".", int(beat.get("local_rank", 0))), min(timeout, 5.0))
+        if stack:
+            source = "faulthandler"  # py-spy's error stays, as a note
+        else:
+            error = f"{error}; {fallback_error}"
+    out.update(stack=stack, stack_source=source, error=error)
+    out["nccl_trace"] = None if stopped else flight_recorder(
+        pid, int(beat.get("rank", 0)), env, timeout=min(timeout, 5.0))
+    return out
+
+
+def dump(run_dir: str | Path, stamp: str, timeout: float = 10.0) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    beats = read_heartbeats(run_dir)
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(beats)))) as pool:
+        ranks = list(pool.map(lambda b: describe_rank(b, run_dir, stamp, timeout), beats))
+    return {"ranks": ranks, "py_spy": find_py_spy()}
+
+
+def kill(pids: list[int], stamp: str) -> dict[str, Any]:
+    killed, skipped = [], []
+    for pid in pids:
+        if _environ(pid).get(STAMP_ENV) != stamp:
+            skipped.append(pid)  # gone, or a reused pid that is not ours
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            skipped.append(pid)
+    return {"killed": killed, "skipped": skipped}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    hb = sub.add_parser("heartbeats")
+    hb.add_argument("run_dir")
+    dp = sub.add_parser("dump")
+    dp.add_argument("run_dir")
+    dp.add_argument("--stamp", required=True)
+    dp.add_argument("--timeout", type=float, default=10.0)
+    kp = sub.add_parser("kill")
+    kp.add_argument("--stamp", required=True)
+    kp.add_argument("pids", type=int, nargs="+")
+    args = p.parse_args(argv)
+    if args.what == "heartbeats":
+        print(json.dumps(read_heartbeats(args.run_dir)))
+    elif args.what == "dump":
+        print(json.dumps(dump(args.run_dir, args.stamp, args.timeout)))
+    else:
+        print(json.dumps(kill(args.pids, args.stamp)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
