@@ -155,6 +155,13 @@ class SlurmBackend:
                *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
         from launcher.execute.slurm_job import run_job
 
+        if recipe.restarts or options.resume:
+            # Restarting a node agent, and resuming in the run's folder, go through node
+            # processes launch can start again; a Slurm job's steps are Slurm's (see
+            # docs/recovery.md for what a Slurm backend must add).
+            raise SlurmError("restarts (--max-restarts, the recipe's restarts) and --resume "
+                             "are not supported with --slurm yet: run with restarts 0, or on "
+                             "this machine or over SSH; Slurm's own --requeue is refused too")
         partition = self.preflight(recipe, len(nodes))
         if nodes[0].gpus is None and self.settings(recipe).gpus_per_node is None:
             # A job gets the GPUs it asks for; ask for what every usable node has.

@@ -76,6 +76,10 @@ run_node() {
     NCCL_DEBUG_FILE=./nccl-debug.%h.%p.log \
     GLOO_SOCKET_IFNAME="${iface}" \
     NCCL_SOCKET_IFNAME="${iface}" \
+    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 \
+    TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE=./hang/nccl-trace.rank \
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE=./hang/nccl-trace.rank \
     OMP_NUM_THREADS="${omp_threads}" \
     'NOTE=it'"'"'s $(here)' \
     /shared/venv/bin/python -m torch.distributed.run \
