@@ -83,11 +83,12 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
 class LaunchProcess:
     """`launch run` started in the background, for tests that interrupt it."""
 
-    def __init__(self, args: list[str], cwd: Path):
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None):
         self.log = cwd / "launch.out"
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(launch_cmd(*args), cwd=cwd, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})})
 
     def output(self) -> str:
         return self.log.read_text()

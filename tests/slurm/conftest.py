@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.slurm_lab import SlurmLab, slurm_lab_unavailable_reason
-from tests.conftest import launch_cmd
 
 
 @pytest.fixture(scope="module")
@@ -69,27 +66,3 @@ def jobs(lab: SlurmLab) -> list[str]:
     proc = lab.client(["squeue", "--noheader", "--states=all", "--format=%i %T"])
     return proc.stdout.split("\n") if proc.stdout.strip() else []
 
-
-class SlurmLaunch:
-    """`launch run --slurm` in the background, for tests that interrupt it."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
-        self.log = cwd / "launch.out"
-        self._out = open(self.log, "w")
-        self.proc = subprocess.Popen(launch_cmd(*args), cwd=cwd, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env})
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self._out.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()

@@ -13,9 +13,8 @@ import time
 import pytest
 
 from tests.conftest import launch_cmd
-from tests.run.conftest import wait_for, write_recipe
-from tests.slurm.conftest import (SlurmLaunch, job_processes, slurm_args, slurm_env,
-                                  worker_pids)
+from tests.run.conftest import LaunchProcess, wait_for, write_recipe
+from tests.slurm.conftest import job_processes, slurm_args, slurm_env, worker_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
 
@@ -63,9 +62,9 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, demo_local_run
     assert job_processes(slurm_lab) == {}
 
 
-def _start(tmp_path, lab, run_id, steps=5000) -> SlurmLaunch:
+def _start(tmp_path, lab, run_id, steps=5000) -> LaunchProcess:
     recipe = write_recipe(tmp_path, name=f"{run_id}.yml", train={"steps": steps})
-    return SlurmLaunch(["run", str(recipe), *slurm_args("--nodes", "2"), "--run-id", run_id],
+    return LaunchProcess(["run", str(recipe), *slurm_args("--nodes", "2"), "--run-id", run_id],
                        tmp_path, slurm_env(lab))
 
 
@@ -139,7 +138,7 @@ def test_sigterm_while_pending_cancels_with_143(slurm_lab, tmp_path):
                                 "--output=/dev/null", "--wrap=sleep 120"])
     assert blocker.returncode == 0, blocker.stderr
     try:
-        run = SlurmLaunch(["run", str(write_recipe(tmp_path)), *slurm_args("--nodes", "2"),
+        run = LaunchProcess(["run", str(write_recipe(tmp_path)), *slurm_args("--nodes", "2"),
                            "--run-id", "slurm-wait"], tmp_path, env)
         try:
             wait_for(lambda: "PENDING (Resources)" in run.output(), 60, "the job pending")
