@@ -108,8 +108,13 @@ def _progress_seen(run_dir) -> bool:
 def test_a_rank_slowed_from_outside_is_named(lab3, tmp_path):
     for host in lab3.hosts:
         lab3.uncap(host.name)
+    # Batches large enough that each step is mostly compute: a stop lands in the rank's own
+    # work (what the watch measures) far more often than in its communication wait. With the
+    # FAST recipe's 32 images a step was ~80% communication and a few intervals in three ran
+    # got no stop inside compute at all: the rank went unnamed now and then.
     recipe = write_recipe(tmp_path, name="slow.yml", nodes=3,
-                          train={**FAST["train"], "steps": 40, "log_every": 5})
+                          train={**FAST["train"], "batch_size": 256, "steps": 40,
+                                 "log_every": 5})
     run = LaunchProcess(["run", str(recipe), "-i", str(lab3.inventory), "--nodes", "3",
                          "--run-id", "slowed", "--rdzv-port", "29635"], tmp_path)
     stop = threading.Event()
