@@ -17,6 +17,7 @@ the stuck ranks.
 from __future__ import annotations
 
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -128,7 +129,9 @@ class RestartBook:
         if m and self.enabled and rank == "agent":
             code = int(m["code"])
             self.failure("worker", node, f"worker local_rank {m['local_rank']} (pid "
-                         f"{m['pid']}) {describe_exit(code)}", now_s, signal_death=code < 0)
+                         f"{m['pid']}) {describe_exit(code)}", now_s,
+                         # a worker aborting itself (SIGABRT) often follows a peer's death
+                         signal_death=code < 0 and code != -signal.SIGABRT)
             return
         if REFORMED.match(text):
             with self._lock:

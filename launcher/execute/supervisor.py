@@ -100,12 +100,21 @@ class _StopRequest:
 
 # torchrun's report of a worker that died by a signal it did not send: the node where a
 # failure starts (a killed or crashed rank). The other nodes' workers then fail with a
-# connection error, often reported first.
-_SIGNAL_DEATH = re.compile(r"exitcode\s*:\s*-\d+|Signal \d+ \(SIG[A-Z0-9]+\) received by PID")
+# connection error, often reported first, and gloo's may abort themselves on the way out
+# ("Connection reset by peer", then "terminate called without an active exception":
+# SIGABRT). So SIGABRT is weaker evidence than any other signal.
+_SIGNAL_DEATH = re.compile(r"exitcode\s*:\s*-(\d+)|Signal (\d+) \(SIG[A-Z0-9]+\) received by PID")
 
 
-def killed_by_signal(lines: list[str]) -> bool:
-    return any(_SIGNAL_DEATH.search(line) for line in lines)
+def signal_death_evidence(lines: list[str]) -> int:
+    """2: a worker died by a signal other than SIGABRT (killed, or crashed: SIGSEGV, SIGBUS);
+    1: only by SIGABRT (a process aborting itself, often after a peer went away); 0: none."""
+    found = 0
+    for line in lines:
+        for match in _SIGNAL_DEATH.finditer(line):
+            signum = int(match.group(1) or match.group(2))
+            found = max(found, 1 if signum == signal.SIGABRT else 2)
+    return found
 
 
 class Recovering(Protocol):
@@ -167,12 +176,11 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
 
     def blame() -> str:
         """The failed node where the failure began: a worker killed by a signal launch did
-        not send, else the first to report."""
+        not send (one that aborted itself only when no other was), else the first to
+        report."""
         order = sorted(failed_at, key=failed_at.get)
-        for name in order:
-            if killed_by_signal(router.tail(name, 200)):
-                return name
-        return order[0]
+        evidence = {name: signal_death_evidence(router.tail(name, 200)) for name in order}
+        return max(order, key=lambda name: evidence[name])  # max keeps the first of equals
 
     def start_reader(p: NodeProcess) -> None:
         t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)

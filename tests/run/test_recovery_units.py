@@ -434,3 +434,41 @@ def test_kill_spares_a_process_without_the_runs_stamp():
         assert other.wait(timeout=10) == -9
     finally:
         other.kill()
+
+
+# Verbatim from a lab run (tests/ssh/test_ssh_run.py::test_killed_worker_stops_all_hosts, the
+# worker on host1 killed with SIGKILL): host0's rank saw the connection reset and aborted
+# itself, and its agent reported first.
+ABORTED_PEER = [
+    "host0/0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:537] Read error [10.226.246.11]:8914: Connection reset by peer. This is typically "
+    "caused by a remote worker hanging or bugs in the application.",
+    "host0/0: terminate called without an active exception",
+    "host0/agent:   exitcode  : -6 (pid: 32639)  (SIGABRT)",
+    "host0/agent:   traceback : Signal 6 (SIGABRT) received by PID 32639",
+]
+KILLED_WORKER = [
+    "host1/agent:   exitcode  : -9 (pid: 32638)  (SIGKILL)",
+    "host1/agent:   traceback : Signal 9 (SIGKILL) received by PID 32638",
+]
+
+
+def test_a_worker_killed_from_outside_outweighs_one_that_aborted_itself():
+    from launcher.execute.supervisor import signal_death_evidence
+
+    assert signal_death_evidence(KILLED_WORKER) == 2
+    assert signal_death_evidence(ABORTED_PEER) == 1
+    assert signal_death_evidence(["host0/agent:   exitcode  : 1 (pid: 6033)"]) == 0
+
+
+ABORTED = ("E1201 06:45:53.990000 32418 torch/distributed/elastic/multiprocessing/api.py:1002] "
+           "failed (exitcode: -6) local_rank: 0 (pid: 32639) of binary: /tmp/ci3/.venv/bin/python")
+
+
+def test_a_peer_that_aborted_first_is_not_blamed_for_the_restart():
+    book = RestartBook(budget=2)
+    book.line("node0", "agent", ABORTED, 10.0)    # the survivor aborted itself, reported first
+    book.line("node1", "agent", KILLED, 10.2)     # the killed worker's agent
+    [incident] = book.to_json()
+    assert incident["node"] == "node1"
+    assert incident["reason"] == "worker local_rank 0 (pid 15721) was killed by SIGKILL"
