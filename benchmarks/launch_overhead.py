@@ -142,11 +142,14 @@ def main() -> int:
         finally:
             lab.destroy()
 
-    print(f"{'hosts':>5}  {'launch (s)':>10}  {'plain ssh fan-out (s)':>21}  {'ratio':>6}")
+    lines = [f"{'hosts':>5}  {'launch (s)':>10}  {'plain ssh fan-out (s)':>21}  {'ratio':>6}"]
     for r in results:
-        print(f"{r['hosts']:>5}  {r['launch_s']:>10.2f}  {r['plain_fanout_s']:>21.2f}  "
-              f"{r['ratio']:>6.2f}")
+        lines.append(f"{r['hosts']:>5}  {r['launch_s']:>10.2f}  {r['plain_fanout_s']:>21.2f}  "
+                     f"{r['ratio']:>6.2f}")
+    table = "\n".join(lines)
+    print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).with_suffix(".txt").write_text(table + "\n")
     Path(args.out).write_text(json.dumps({
         "what": "seconds from start to every rank past rendezvous (median of repeats)",
         "repeats": args.repeats, "results": results}, indent=2) + "\n")
