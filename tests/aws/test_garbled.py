@@ -14,7 +14,7 @@ from botocore.stub import ANY, Stubber
 
 from launcher.provision.ledger import Ledger
 from launcher.provision.provisioner import ProvisionFailed
-from tests.aws.test_stubbed import _find_nothing, client, plan_for, provisioner
+from tests.aws.test_stubbed import _find_nothing, _make_security_group, client, plan_for, provisioner
 
 NS = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
 ANSWERS = {
@@ -90,12 +90,7 @@ def test_a_partial_answer_after_creating_cleans_up(tmp_path):
     ec2 = client("ec2")
     with Stubber(ec2) as stub:
         _find_nothing(stub)
-        stub.add_response("create_security_group", {"GroupId": "sg-0aaa"},
-                          expected_params={"GroupName": "launch-demo", "Description": ANY,
-                                           "VpcId": "vpc-0def", "TagSpecifications": ANY})
-        for op in ("ingress", "ingress", "egress"):
-            stub.add_response(f"authorize_security_group_{op}", {},
-                              expected_params={"GroupId": "sg-0aaa", "IpPermissions": ANY})
+        _make_security_group(stub)
         stub.add_response("run_instances", {"ReservationId": "r-1"})
         # The answer was not read: its instances, if any, are looked for by token.
         stub.add_response("describe_instances", {"Reservations": []},

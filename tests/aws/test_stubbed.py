@@ -114,6 +114,16 @@ def test_capacity_error_in_zone_1_launches_in_zone_2_and_says_why(tmp_path):
     assert worker.ledger.live_ids("placement-group") == ["launch-demo-us-east-1b"]
 
 
+def _make_security_group(stub):
+    """The cluster's security group made (sg-0aaa) and its ingress and egress rules set."""
+    stub.add_response("create_security_group", {"GroupId": "sg-0aaa"},
+                      expected_params={"GroupName": "launch-demo", "Description": ANY,
+                                       "VpcId": "vpc-0def", "TagSpecifications": ANY})
+    for op in ("ingress", "ingress", "egress"):
+        stub.add_response(f"authorize_security_group_{op}", {},
+                          expected_params={"GroupId": "sg-0aaa", "IpPermissions": ANY})
+
+
 def _find_nothing(stub):
     stub.add_response("describe_instances", {"Reservations": []}, expected_params={"Filters": ANY})
     stub.add_response("describe_addresses", {"Addresses": []}, expected_params={"Filters": ANY})
@@ -126,12 +136,7 @@ def test_capacity_errors_in_every_zone_leave_nothing_and_list_the_zones(tmp_path
     ec2 = client("ec2")
     with Stubber(ec2) as stub:
         _find_nothing(stub)
-        stub.add_response("create_security_group", {"GroupId": "sg-0aaa"},
-                          expected_params={"GroupName": "launch-demo", "Description": ANY,
-                                           "VpcId": "vpc-0def", "TagSpecifications": ANY})
-        for op in ("ingress", "ingress", "egress"):
-            stub.add_response(f"authorize_security_group_{op}", {},
-                              expected_params={"GroupId": "sg-0aaa", "IpPermissions": ANY})
+        _make_security_group(stub)
         for zone, code in (("us-east-1a", "InsufficientInstanceCapacity"),
                            ("us-east-1b", "Unsupported"),
                            ("us-east-1c", "InsufficientInstanceCapacity")):
