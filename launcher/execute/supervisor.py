@@ -144,6 +144,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
     notify = notify or (lambda text: None)
     exits = {p.name: NodeExit(p.name) for p in procs}
     readers: list[threading.Thread] = []
+    node_readers: dict[str, threading.Thread] = {}   # the latest reader of each node's output
     started_at = time.monotonic()
     stop_at: float | None = None
     settle_until: float | None = None
@@ -178,14 +179,23 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         """The failed node where the failure began: a worker killed by a signal launch did
         not send (one that aborted itself only when no other was), else the first to
         report."""
+        # A node's exit status can arrive before its last lines (over SSH they travel apart,
+        # and the killed worker's `exitcode: -9` is among the last): let the exited nodes'
+        # output end first, within the settle window (at least a moment once it has passed).
+        until = max(settle_until or 0.0, time.monotonic() + 0.2)
+        for name in failed_at:
+            reader = node_readers.get(name)
+            if reader is not None:
+                reader.join(timeout=max(0.0, until - time.monotonic()))
         order = sorted(failed_at, key=failed_at.get)
         evidence = {name: signal_death_evidence(router.tail(name, 200)) for name in order}
         return max(order, key=lambda name: evidence[name])  # max keeps the first of equals
 
-    def start_reader(p: NodeProcess) -> None:
+    def start_reader(p: NodeProcess) -> threading.Thread:
         t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
         t.start()
         readers.append(t)
+        return t
 
     def restart_after_hang(report) -> tuple[str | None, str | None]:
         """Kill the stuck ranks (their node's torchrun starts its workers again, and the
@@ -233,7 +243,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                             f"{recovery.restart_deadline_s:g}s: {err}")
                 time.sleep(2.0)
         exits[p.name].restarts += 1
-        start_reader(p)
+        node_readers[p.name] = start_reader(p)
         recovery.restarted()
         return None
 
@@ -279,7 +289,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                     exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
                 begin_stop(f"{reason}; stopping the nodes already started")
                 break
-            start_reader(p)
+            node_readers[p.name] = start_reader(p)
         if recovery is not None and stop_at is None:
             recovery.start(procs, started_at)
         while any(e.exit_code is None for e in exits.values()):
