@@ -36,10 +36,11 @@ def role_defaults(role: str) -> dict:
 
 
 def requirement_set(python: str) -> list[str]:
-    """Exactly what the role installs on a node with this Python: torch, then its packages."""
+    """Exactly what the role installs on a node with this Python: torch, then its packages
+    and launch's tools."""
     defaults = role_defaults("python_env")
     return [f"torch=={defaults['python_env_torch_version']}",
-            *defaults["python_env_packages_by_python"][python]]
+            *defaults["python_env_packages_by_python"][python], *defaults["python_env_tools"]]
 
 
 def resolve(python: str, glibc_minor: int, arch: str, requirements: list[str],
