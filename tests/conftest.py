@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started in the background by a shell without job control (`./scripts/test &` in a
+# script, nohup) inherits SIGINT ignored, and every launch it starts would inherit that too:
+# the Ctrl-C tests then wait forever for a process that cannot hear them (seen: `launch
+# provision` interrupted while waiting for SSH ran into its 120 s timeout). A handler, unlike
+# SIG_IGN, is reset to the default in a child at exec, so children can be interrupted again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
