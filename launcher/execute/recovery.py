@@ -17,7 +17,6 @@ the stuck ranks.
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.execute.forensics import HangReport, investigate
-from launcher.execute.supervisor import describe_exit
+from launcher.execute.supervisor import describe_exit, exit_evidence
 from launcher.execute.watch import HangWatch
 from launcher.logs import split_rank
 
@@ -130,8 +129,7 @@ class RestartBook:
             code = int(m["code"])
             self.failure("worker", node, f"worker local_rank {m['local_rank']} (pid "
                          f"{m['pid']}) {describe_exit(code)}", now_s,
-                         # a worker aborting itself (SIGABRT) often follows a peer's death
-                         signal_death=code < 0 and code != -signal.SIGABRT)
+                         signal_death=exit_evidence(code) == 2)
             return
         if REFORMED.match(text):
             with self._lock:

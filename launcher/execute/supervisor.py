@@ -106,14 +106,21 @@ class _StopRequest:
 _SIGNAL_DEATH = re.compile(r"exitcode\s*:\s*-(\d+)|Signal (\d+) \(SIG[A-Z0-9]+\) received by PID")
 
 
+def exit_evidence(code: int) -> int:
+    """How surely a worker's exit code says the failure began with it. 2: died by a signal
+    other than SIGABRT (killed, or crashed: SIGSEGV, SIGBUS); 1: SIGABRT (a process aborting
+    itself, often after a peer went away); 0: not by a signal."""
+    if code >= 0:
+        return 0
+    return 1 if -code == signal.SIGABRT else 2
+
+
 def signal_death_evidence(lines: list[str]) -> int:
-    """2: a worker died by a signal other than SIGABRT (killed, or crashed: SIGSEGV, SIGBUS);
-    1: only by SIGABRT (a process aborting itself, often after a peer went away); 0: none."""
+    """The strongest exit_evidence among torchrun's reports of dead workers in these lines."""
     found = 0
     for line in lines:
         for match in _SIGNAL_DEATH.finditer(line):
-            signum = int(match.group(1) or match.group(2))
-            found = max(found, 1 if signum == signal.SIGABRT else 2)
+            found = max(found, exit_evidence(-int(match.group(1) or match.group(2))))
     return found
 
 

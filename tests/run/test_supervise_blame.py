@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from launcher.display import PlainDisplay
 from launcher.execute.local_agent import LocalNodeProcess
 from launcher.execute.supervisor import supervise
 from launcher.logs import LineRouter
 from launcher.plan import NodeCommand
+from tests.run.test_recovery_units import KILLED_WORKER
 
-# Verbatim agent lines from a lab run (tests/run/test_recovery_units.py, ABORTED_PEER and
-# KILLED_WORKER come from the same run): host1's worker was killed, host0's lost its peer.
+# What host1's agent printed (the verbatim lab line, less the "host1/agent: " launch added),
+# and a surviving peer's agent reporting its worker's plain failure.
+KILLED_LINE = KILLED_WORKER[0].split(": ", 1)[1]
 SURVIVOR_LINE = "  exitcode  : 1 (pid: 6033)"
-KILLED_LINE = "  exitcode  : -9 (pid: 32638)  (SIGKILL)"
 
 
 def node(tmp_path, name: str, script: str) -> LocalNodeProcess:
@@ -32,11 +32,21 @@ def node(tmp_path, name: str, script: str) -> LocalNodeProcess:
 
 
 def run(tmp_path, procs, settle_s):
+    """supervise() the nodes: its outcome, and the nodes whose process group (a child left
+    behind) was still alive when it returned."""
     with open(os.devnull, "w") as quiet:
         router = LineRouter({p.name: tmp_path / f"{p.name}.log" for p in procs},
                             PlainDisplay(quiet))
         try:
-            return supervise(procs, router, settle_s=settle_s, grace_s=2.0)
+            outcome = supervise(procs, router, settle_s=settle_s, grace_s=2.0)
+            alive = []
+            for p in procs:
+                try:
+                    os.killpg(p.pgid, 0)
+                    alive.append(p.name)
+                except ProcessLookupError:
+                    pass
+            return outcome, alive
         finally:
             router.close()
             for p in procs:   # the background children, by their process group
@@ -48,18 +58,17 @@ def test_the_killed_node_is_blamed_though_its_last_line_comes_after_its_exit(tmp
     # Exits after the survivor (both have exited before its line comes).
     killed = node(tmp_path, "host1",
                   f"sleep 0.3; (sleep 0.5; echo '{KILLED_LINE}') & exit 1")
-    outcome = run(tmp_path, [survivor, killed], settle_s=10.0)
+    outcome, _ = run(tmp_path, [survivor, killed], settle_s=10.0)
     assert outcome.status == "failed"
     assert outcome.first_failure == "host1", outcome.reason
     assert KILLED_LINE.strip() in (tmp_path / "host1.log").read_text()
 
 
-def test_output_that_never_ends_delays_the_verdict_no_longer_than_the_settle_window(tmp_path):
+def test_output_that_never_ends_does_not_hold_up_the_verdict(tmp_path):
     survivor = node(tmp_path, "host0", f"echo '{SURVIVOR_LINE}'; exit 1")
-    # A child keeps the node's output open for a minute after the node exited.
-    stuck = node(tmp_path, "host1", "sleep 0.3; (sleep 60; echo late) & exit 1")
-    began = time.monotonic()
-    outcome = run(tmp_path, [survivor, stuck], settle_s=1.0)
+    # A child keeps the node's output open for ten minutes after the node exited.
+    stuck = node(tmp_path, "host1", "sleep 0.3; (sleep 600; echo late) & exit 1")
+    outcome, alive = run(tmp_path, [survivor, stuck], settle_s=1.0)
     assert outcome.status == "failed" and outcome.first_failure == "host0"
-    # Not a timing measurement: the verdict must not wait for the minute-long child.
-    assert time.monotonic() - began < 30
+    # The verdict came while the child still held the output: launch did not wait for it.
+    assert alive == ["host1"]

@@ -97,6 +97,16 @@ def test_every_supported_python_has_pins():
     assert sorted(py for py, _ in TARGETS.values()) == sorted(pins)
 
 
+def test_the_nodes_tools_are_the_versions_launch_itself_pins():
+    # py-spy is pinned twice, for launch (pyproject.toml) and for the nodes (the role, which
+    # cannot read launch's metadata on a node): the two must not drift apart.
+    import tomllib
+
+    project = tomllib.loads((ROLES.parents[2] / "pyproject.toml").read_text())["project"]
+    for tool in role_defaults("python_env")["python_env_tools"]:
+        assert tool in project["dependencies"], (tool, project["dependencies"])
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_pins_resolve_with_wheels_for_the_target(resolutions, target, arch):
