@@ -52,7 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `launch run train.py -- --epochs 3`: everything after the first `--` is the job's own,
+    # verbatim (argparse would read options there, or refuse positionals after others).
+    before, job_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
+        if "--" in argv else (argv, None)
+    args = parser.parse_args(before)
+    if job_args is not None:
+        if not getattr(args, "takes_job_args", False):
+            parser.error(f"`--` passes arguments to your script: only `launch run` takes "
+                         f"them (launch {args.command} does not)")
+        args.job_args = job_args
     try:
         return int(args.func(args) or 0)
     except LauncherError as err:

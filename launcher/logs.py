@@ -70,15 +70,21 @@ class Display(Protocol):
 
 
 class LineRouter:
-    """Every line goes, as it arrives, to the node's log file and to the display."""
+    """Every line goes, as it arrives, to the node's log file and to the display (and the job's
+    lines to `steps`, launcher/progress.py). A node launch is stopping is muted: its lines
+    (torchrun's tracebacks about the SIGTERM launch sent) go to its log only."""
 
-    def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200):
+    def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200,
+                 steps=None):
         self.display = display
+        self.steps = steps
         self._files: dict[str, TextIO] = {}
         for node, path in logs.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             self._files[node] = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         self._tail = {node: deque(maxlen=keep) for node in logs}
+        self._muted: dict[str, int] = {}
+        self._hidden_before: dict[str, int] = {}   # muted lines of earlier starts (restarts)
         self._lock = threading.Lock()
 
     def line(self, node: str, raw: str, label: str | None = None) -> None:
@@ -89,14 +95,42 @@ class LineRouter:
         with self._lock:
             self._files[node].write(shown + "\n")
             self._tail[node].append(shown)
-            self.display.line(node, rank, text)
-            progress = parse_progress(text)
-            if progress:
-                self.display.progress(progress)
+            if node in self._muted:
+                self._muted[node] += 1
+            else:
+                self.display.line(node, rank, text)
+                progress = parse_progress(text)
+                if progress:
+                    self.display.progress(progress)
+        if self.steps is not None and label is None:
+            # torchrun's own lines too: a job's command may start workers without --tee, whose
+            # lines then carry no rank prefix.
+            self.steps.line(node, rank, text)
+
+    def mute(self, node: str) -> None:
+        """From now on the node's lines go to its log only."""
+        with self._lock:
+            self._muted.setdefault(node, 0)
+
+    def unmute(self, node: str) -> None:
+        """The node starts again (a restart): its lines are news again."""
+        with self._lock:
+            hidden = self._muted.pop(node, 0)
+        if hidden:
+            self._hidden_before[node] = self._hidden_before.get(node, 0) + hidden
 
     def tail(self, node: str, count: int = 20) -> list[str]:
         return list(self._tail[node])[-count:]
 
     def close(self) -> None:
+        with self._lock:
+            hidden = dict(self._hidden_before)
+            for n, c in self._muted.items():
+                hidden[n] = hidden.get(n, 0) + c
+            hidden = {n: c for n, c in hidden.items() if c}
+        if hidden:
+            self.display.message(
+                "lines printed while launch stopped the nodes are in their logs only: "
+                + ", ".join(f"{n} {c} line(s) ({self._files[n].name})" for n, c in hidden.items()))
         for f in self._files.values():
             f.close()

@@ -25,20 +25,25 @@ from launcher.inventory import Node
 from launcher.recipe import Recipe, check_recipe_for_hardware
 from launcher.ssh import HostProblem, SshOptions, connect, remote
 
-# Runs on the node with its own interpreter; argv: private address, port to test (0: none),
-# the node's env file (what `launch setup`, role efa, writes for NCCL on EFA nodes: KEY=VALUE
-# lines, no expansion; LD_LIBRARY_PATH goes in front of the node's own), then the shipped code
-# folder and its files to hash (none: no hash).
+# Runs on the node with its own interpreter; argv: one JSON object: the private address, the
+# port to test (0: none), the node's env file (what `launch setup`, role efa, writes for NCCL
+# on EFA nodes: KEY=VALUE lines, no expansion; LD_LIBRARY_PATH goes in front of the node's
+# own), the shipped code folder and its files to hash (none: no hash), and what the job needs
+# there (its script, module or command, looked for as the job will: in its workdir, on its
+# PYTHONPATH, on PATH with the interpreter's folder first). It also reports the login folder
+# (`home`): the plan's paths on the node are made absolute from it.
 #
 # torch's facts (version, CUDA build, GPUs it sees) cost a torch import, ~1.5 s of CPU. They are
 # cached in ~/.cache/launch/torch-facts.json under a key of everything that could change them:
 # the interpreter, torch's installed version and its folder's mtime, the NVIDIA driver's
 # version, the GPU devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
 PROBE = r"""
-import hashlib, json, os, socket, subprocess, sys
-addr, port, env_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-code_dir, files = (sys.argv[4], sys.argv[5:]) if len(sys.argv) > 4 else (None, [])
-out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname()}
+import hashlib, json, os, shutil, socket, subprocess, sys
+args = json.loads(sys.argv[1])
+addr, port, env_file = args["addr"], int(args["port"]), args["env_file"]
+code_dir, files = args.get("code_dir"), args.get("files") or []
+out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
+       "home": os.getcwd()}
 env = {}
 try:
     with open(env_file) as f:
@@ -133,6 +138,40 @@ if code_dir is not None:
         out["code_sha256"] = digest.hexdigest()
     except OSError as err:
         out["code_error"] = str(err)
+job = args.get("job")
+if job:
+    cwd = job.get("cwd") or os.getcwd()
+    problem = None
+    if job.get("script"):
+        path = os.path.join(cwd, job["script"])
+        if not os.path.isfile(path):
+            problem = f"job.script {job['script']}: no such file " + (
+                "on the node" if job["script"].startswith("/") else f"in the workdir ({cwd})")
+    elif job.get("module"):
+        import importlib.util
+        top = job["module"].split(".")[0]
+        extra = [os.path.join(cwd, p) for p in (job.get("pythonpath") or "").split(":") if p]
+        sys.path[:0] = [cwd, *extra]
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            problem = (f"job.module {job['module']}: no module or package {top} in the workdir "
+                       f"({cwd}), on the recipe's PYTHONPATH nor in {sys.executable}")
+    elif job.get("command"):
+        prog = job["command"]
+        if "/" in prog:
+            path = os.path.join(cwd, prog)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                problem = f"job.command {prog}: no executable file {path} on the node"
+        else:
+            where = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+            if shutil.which(prog, path=where) is None:
+                problem = (f"job.command {prog}: not found on the node (PATH {where}); install "
+                           "it in the node's environment, e.g. with setup:")
+    if problem:
+        out["job_error"] = problem
 print("LAUNCH-PROBE " + json.dumps(out))
 """
 
@@ -146,6 +185,8 @@ class NodeFacts:
     interface: str | None
     hostname: str
     env: dict[str, str]          # from NODE_ENV_FILE (EFA/libfabric settings), else empty
+    home: str | None = None      # the login folder: relative paths on the node start there
+    shipped: object = None       # what shipping the workdir sent (launcher/workdir_sync.py)
 
 
 class PreflightFailed(LauncherError):
@@ -157,10 +198,13 @@ class PreflightFailed(LauncherError):
 
 
 def probe(conn: Connection, node: Node, port: int,
-          code: tuple[str, list[str]] | None = None) -> dict:
-    extra = [code[0], *code[1]] if code else []
-    result = conn.run(remote(node.python, "-c", PROBE, node.private_address, str(port),
-                             node.env_file, *extra),
+          code: tuple[str, list[str]] | None = None, job: dict | None = None) -> dict:
+    args: dict = {"addr": node.private_address, "port": port, "env_file": node.env_file}
+    if code:
+        args.update(code_dir=code[0], files=code[1])
+    if job:
+        args["job"] = job
+    result = conn.run(remote(node.python, "-c", PROBE, json.dumps(args)),
                       hide=True, warn=True, in_stream=False, timeout=120)
     for line in result.stdout.splitlines():
         if line.startswith("LAUNCH-PROBE "):
@@ -176,6 +220,8 @@ def probe(conn: Connection, node: Node, port: int,
 def check_node(node: Node, facts: dict, is_head: bool, port: int,
                code_hash: str | None = None) -> list[HostProblem]:
     problems = []
+    if facts.get("job_error"):
+        problems.append(HostProblem(node.name, facts["job_error"]))
     if code_hash is not None and facts.get("code_sha256") != code_hash:
         got = facts.get("code_sha256") or facts.get("code_error") or "(nothing)"
         problems.append(HostProblem(node.name, f"the code on the node hashes to {got[:40]}, "
@@ -214,6 +260,24 @@ class Shipment:
     # A new run's folder goes again when preflight fails; a resumed run's holds its
     # checkpoints and earlier logs, and stays.
     remove_on_failure: bool = True
+    # The job (launcher/job.py Job), its workdir's manifest (launcher/workdir.py) and where a
+    # node keeps its shipped copy: shipped before the probe, which then looks for the job's
+    # script, module or command there.
+    job: object = None
+    workdir: object = None
+    node_workdir: Callable[[Node], str | None] = lambda node: None
+
+
+def job_check(job, workdir: str | None, recipe: Recipe) -> dict | None:
+    """What the probe looks for on a node before the job may start."""
+    if job is None or job.kind == "trainer":
+        return None
+    check: dict = {"cwd": workdir, "pythonpath": recipe.env_strings().get("PYTHONPATH", "")}
+    if job.kind == "command":
+        check["command"] = job.args[0]
+    else:
+        check[job.kind] = job.target
+    return check
 
 
 def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
@@ -227,6 +291,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
 
     conns: dict[str, Connection] = {}
     raw: dict[str, dict] = {}
+    shipped: dict[str, object] = {}
     problems: list[HostProblem] = []
     by_name = {n.name: n for n in nodes}
 
@@ -234,12 +299,23 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         node = by_name[name]
         conn = connect(node, options)
         conns[name] = conn
-        code = None
+        code = job = None
         if shipment is not None:
             where = shipment.remote_dir(node)
             upload(conn, where, shipment.local_dir, shipment.files, shipment.recipe_file)
             code = (posixpath.join(where, "code"), shipment.files)
-        raw[name] = probe(conn, node, rdzv_port if node is nodes[0] else 0, code)
+            workdir = shipment.node_workdir(node)
+            if shipment.workdir is not None and workdir:
+                from launcher.workdir_sync import ship_ssh
+
+                try:
+                    stats = ship_ssh(conn, shipment.workdir, workdir, python=node.python)
+                except LauncherError as err:
+                    raise HostProblem(node.name, f"the workdir could not be shipped: {err}"
+                                      ) from None
+                shipped[name] = stats
+            job = job_check(shipment.job, workdir, recipe)
+        raw[name] = probe(conn, node, rdzv_port if node is nodes[0] else 0, code, job)
 
     answers = in_parallel(one, list(by_name))
     expected = shipment.sha256 if shipment else None
@@ -270,7 +346,8 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
     facts = {
         name: NodeFacts(torch=f["torch"], cuda=f.get("cuda"), gpus=f.get("gpus", 0),
                         cpus=f.get("cpus") or 1, interface=f.get("interface"),
-                        hostname=f.get("hostname", name), env=f.get("env") or {})
+                        hostname=f.get("hostname", name), env=f.get("env") or {},
+                        home=f.get("home"), shipped=shipped.get(name))
         for name, f in raw.items()
     }
     return conns, facts

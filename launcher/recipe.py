@@ -1,6 +1,8 @@
-"""Recipes: what to train and how, validated when loaded.
+"""Recipes: what to run and how, validated when loaded.
 
-A recipe is YAML. Unknown keys, wrong types and combinations that cannot work are rejected
+A recipe is YAML. It runs either the user's own job (`job:` a script, module or command, with
+its `workdir:` shipped to every node and `setup:` commands) or the bundled ViT trainer
+(`train:` and `ddp:`). Unknown keys, wrong types and combinations that cannot work are rejected
 here, with the file and the key path, instead of at step 1 on a cluster that bills by the hour.
 """
 
@@ -21,8 +23,16 @@ from train.options import AUTO, AUTO_MEASURE_STEPS, AUTO_TRIAL_STEPS, BY_KEY
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
 VIT_WIDTH_HEADS = {"vit_tiny": (192, 3), "vit_s16": (384, 6), "vit_b16": (768, 12)}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A Python module path as `python -m` takes it: dotted identifiers.
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Control characters (a newline hidden in a path, an escape sequence): never in a name, a path
+# or an argument launch prints, ships or hands to a process.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_ARGS = 4096
+MAX_ARG = 64 * 1024
+MAX_SETUP = 64
 MAX_NODES = 4096
 MAX_PROCS_PER_NODE = 64
 MAX_ENV_VALUE = 4096
@@ -42,7 +52,6 @@ RESERVED_ENV = {
     "MASTER_PORT": "torchrun sets it from the rendezvous",
     "CUDA_VISIBLE_DEVICES": "launch splits GPUs between local nodes; use nproc_per_node",
     "PATH": "the node's interpreter and tools are found through it",
-    "PYTHONPATH": "the trainer's code is found through it",
     "PYTHONHOME": "the node's interpreter depends on it",
     "PYTHONUNBUFFERED": "launch needs the workers' lines as they are printed",
     "LD_PRELOAD": "a preloaded library changes every process launch starts, cleanup included",
@@ -285,14 +294,96 @@ class Checkpoint(_Strict):
         return self
 
 
+def _plain_text(value: str, what: str) -> str:
+    if not value or len(value) > MAX_ARG or _CONTROL.search(value):
+        raise ValueError(f"{shorten(value)}: {what} must be non-empty text of at most "
+                         f"{MAX_ARG} characters without control characters (newline, tab, NUL)")
+    return value
+
+
+def _argv_item(value: Any) -> str:
+    """One argv item, passed verbatim: text, or a YAML number written as the recipe shows it
+    (3 -> "3"). A YAML boolean is refused: `--flag: true` is not what a command line holds."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{shorten(value)} is not an argument: write each item as text "
+                         "(quote it: \"true\", \"1e-3\")")
+    text = value if isinstance(value, str) else repr(value) if isinstance(value, float) \
+        else str(value)
+    if len(text) > MAX_ARG or "\0" in text:
+        raise ValueError(f"{shorten(text)}: an argument holds at most {MAX_ARG} characters "
+                         "and no NUL byte")
+    return text
+
+
+Argv = Annotated[list[Annotated[str, BeforeValidator(_argv_item)]],
+                 Field(max_length=MAX_ARGS)]
+
+
+class Job(_Strict):
+    """The user's own job: exactly one of `script` (relative to the workdir, or absolute on
+    the nodes) or `module`, each started by launch's torchrun on every node; or `command`,
+    started once per node without torchrun (the user's own launcher: deepspeed, accelerate,
+    mpirun, a torchrun line of their own) with the LAUNCH_* variables (docs/jobs.md).
+    `args` follow verbatim, never through a shell."""
+
+    script: str | None = None
+    module: str | None = None
+    command: Argv | None = None
+    args: Argv = Field(default_factory=list)
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        _plain_text(value, "job.script")
+        if not value.startswith("/") and (value == ".." or value.startswith("../")
+                                          or "/../" in value or value.endswith("/..")):
+            raise ValueError(f"{shorten(value)} leaves the workdir: give the script's path "
+                             "inside the workdir, or an absolute path on the nodes")
+        return value
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str | None) -> str | None:
+        if value is not None and not _MODULE.fullmatch(value):
+            raise ValueError(f"{shorten(value)} is not a Python module name (dotted "
+                             "identifiers, as `python -m` takes it: pkg.train)")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not value[0].strip()):
+            raise ValueError("expected the program and its arguments, e.g. [deepspeed, "
+                             "train.py]; a shell line is [bash, -c, \"...\"]")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> Job:
+        given = [k for k in ("script", "module", "command") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("set exactly one of script, module or command" +
+                             (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+
 class Recipe(_Strict):
     name: str
     nodes: WholeNumber = Field(1, ge=1, le=MAX_NODES)
     nproc_per_node: int | Literal["auto"] = "auto"
     rendezvous: Rendezvous = Rendezvous()
     env: dict[str, str | int | float | bool] = {}
-    train: Train
+    # Exactly one of: the user's own job, or the bundled trainer (train: and ddp:).
+    job: Job | None = None
+    train: Train | None = None
     ddp: DDP = DDP()
+    # The folder shipped to every node before setup, relative to the recipe file's folder;
+    # the job runs in it. .gitignore and .launchignore rules are honoured (docs/jobs.md).
+    workdir: str | None = None
+    # Shell commands run on every node in the shipped folder before the job, again only when
+    # the folder's content or the commands change.
+    setup: list[str] = Field(default_factory=list, max_length=MAX_SETUP)
     gate: Gate = Gate()
     slurm: Slurm = Slurm()    # read by --slurm only
     # None: no checkpoints (a restart then starts over from step 0).
@@ -303,13 +394,58 @@ class Recipe(_Strict):
     # Seconds without a completed step before launch dumps every rank's stack and restarts or
     # stops; None: max(300 s, 20x the median step after warm-up). `--hang-timeout` overrides.
     hang_timeout_s: Number | None = Field(None, ge=1, le=7 * 86400, allow_inf_nan=False)
-    # Where the recipe came from; set by load_recipe, not part of the YAML.
+    # Where the recipe came from and the folder its relative paths start from (the recipe
+    # file's, or the current folder for a recipe made from the command line); set by
+    # load_recipe, not part of the YAML.
     source: str = Field("<recipe>", exclude=True)
+    base_dir: str = Field(".", exclude=True)
+    # A recipe made from the command line (`launch run train.py`) has no file: its YAML, kept
+    # in the run folder as the run's recipe.yml (what `--resume` reads).
+    text: str | None = Field(None, exclude=True)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        return None if value is None else _plain_text(value, "workdir")
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value: list[str]) -> list[str]:
+        for command in value:
+            if not command.strip() or len(command) > MAX_ARG or "\0" in command:
+                raise ValueError(f"{shorten(command)}: each setup command is a non-empty "
+                                 f"shell line of at most {MAX_ARG} characters")
+        return value
+
+    @model_validator(mode="after")
+    def _what_runs(self) -> Recipe:
+        if (self.job is None) == (self.train is None):
+            raise ValueError("set exactly one of job (your own script, module or command) or "
+                             "train (the bundled ViT trainer)")
+        if self.job is not None:
+            # Settings of the bundled trainer that a job of the user's own would silently
+            # ignore: refused, so that nobody believes they took effect.
+            for key in ("ddp", "checkpoint"):
+                if key in self.model_fields_set:
+                    raise ValueError(
+                        f"{key}: configures the bundled trainer (train:); a job of your own "
+                        + ("sets DDP up in its own code" if key == "ddp" else
+                           "saves into $LAUNCH_CHECKPOINT_DIR when it chooses (docs/jobs.md)"))
+            if self.job.script and not self.job.script.startswith("/") and \
+                    self.workdir is None:
+                raise ValueError(f"job.script {self.job.script} is relative to the workdir: "
+                                 "set workdir (e.g. workdir: . for the recipe's folder), or "
+                                 "give an absolute path on the nodes")
+        return self
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.train is not None
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _RECIPE_NAME.match(value):
+        if not _RECIPE_NAME.fullmatch(value):
             raise ValueError("use up to 64 letters, digits, '.', '_' and '-', starting with a "
                              "letter or digit (it becomes part of run ids and folder names)")
         return value
@@ -327,7 +463,7 @@ class Recipe(_Strict):
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key, item in value.items():
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise ValueError(f"{shorten(key)} is not a valid environment variable name")
             why = reserved_env_reason(key)
             if why:
@@ -351,7 +487,9 @@ class Recipe(_Strict):
 
 def _combination_errors(recipe: Recipe) -> list[tuple[str, str]]:
     """Settings that validate one by one but cannot work together."""
-    problems = []
+    problems: list[tuple[str, str]] = []
+    if recipe.train is None:
+        return problems
     ps = recipe.ddp.powersgd
     if recipe.ddp.comm_hook == "powersgd" and (ps.error_feedback or ps.warm_start) \
             and ps.start_iter <= 1:
@@ -402,7 +540,7 @@ def _keys_beside(loc: tuple) -> list[str]:
         if not models:
             return []
         model = models[0]
-    return [k for k in model.model_fields if k != "source"]
+    return [k for k in model.model_fields if k not in ("source", "base_dir", "text")]
 
 
 def _explain(err: dict) -> str:
@@ -421,22 +559,23 @@ def _explain(err: dict) -> str:
     return f"{msg} (got {shorten(got)})"
 
 
-def recipe_from_mapping(data: Any, source: str) -> Recipe:
+def recipe_from_mapping(data: Any, source: str, base_dir: str | Path = ".",
+                        text: str | None = None) -> Recipe:
     if not isinstance(data, dict):
-        raise RecipeError(source, "", "a recipe must be a YAML mapping (name:, train:, ddp: ...)")
+        raise RecipeError(source, "", "a recipe must be a YAML mapping (name:, job: or train: "
+                          "...)")
     try:
-        recipe = Recipe.model_validate({**data, "source": source})
+        recipe = Recipe.model_validate({**data, "source": source, "text": text,
+                                        "base_dir": str(Path(base_dir).resolve())})
     except ValidationError as exc:
-        seen, lines = set(), []
+        found: dict[str, str] = {}
         for err in exc.errors():
-            where = _format_location(err["loc"])
-            line = f"{where}: {_explain(err)}" if where else _explain(err)
-            if where not in seen:  # a union reports each branch; one line per key is enough
-                seen.add(where)
-                lines.append(line)
-        if len(lines) == 1:
-            key, _, why = lines[0].partition(": ")
+            # A union reports each branch; one line per key is enough.
+            found.setdefault(_format_location(err["loc"]), _explain(err))
+        if len(found) == 1:
+            (key, why), = found.items()
             raise RecipeError(source, key, why) from None
+        lines = [f"{key}: {why}" if key else why for key, why in found.items()]
         raise RecipeError(source, "", "invalid recipe:\n  " + "\n  ".join(lines)) from None
     problems = _combination_errors(recipe)
     if problems:
@@ -461,25 +600,27 @@ def resolve_recipe(arg: str | Path) -> Path:
                       "of that name (" + ", ".join(recipe_names()) + ": `launch recipes`)")
 
 
-def load_recipe(arg: str | Path) -> Recipe:
+def load_recipe(arg: str | Path, base_dir: str | Path | None = None) -> Recipe:
+    """The recipe file (or bundled name); its relative paths (workdir) start from its own
+    folder, or from `base_dir` (a run folder's copy of a recipe written elsewhere)."""
     path = str(resolve_recipe(arg))
     try:
         data = load_yaml_file(path, "recipe")
     except YamlFileError as err:
         raise RecipeError(path, "", err.why) from None
-    return recipe_from_mapping(data, path)
+    return recipe_from_mapping(data, path, base_dir or Path(path).parent)
 
 
 def recipe_warnings(recipe: Recipe) -> list[str]:
     """Settings that load but will likely not do what the recipe means."""
     warnings = []
-    if recipe.restarts > 0 and recipe.checkpoint is None:
+    if recipe.restarts > 0 and recipe.checkpoint is None and recipe.train is not None:
         warnings.append(
             f"{recipe.source}: restarts is {recipe.restarts} but the recipe has no "
             "`checkpoint:` block: a restarted run starts over from step 0 (add e.g. "
             "checkpoint: {every_steps: 100})")
-    steps = recipe.train.steps
-    if recipe.ddp.comm_hook == AUTO and steps is not None:
+    steps = recipe.train.steps if recipe.train is not None else None
+    if recipe.train is not None and recipe.ddp.comm_hook == AUTO and steps is not None:
         if steps < AUTO_MEASURE_STEPS:
             warnings.append(
                 f"{recipe.source}: ddp.comm_hook auto needs {AUTO_MEASURE_STEPS} steps to "
@@ -495,7 +636,7 @@ def recipe_warnings(recipe: Recipe) -> list[str]:
 def check_recipe_for_hardware(recipe: Recipe, gpus_per_node: list[int]) -> None:
     """Checks that depend on the nodes the recipe will run on, before anything starts."""
     cpu_only = all(g == 0 for g in gpus_per_node)
-    if recipe.ddp.comm_hook == "bf16" and cpu_only:
+    if recipe.train is not None and recipe.ddp.comm_hook == "bf16" and cpu_only:
         raise RecipeError(
             recipe.source, "ddp.comm_hook",
             "bf16 compression needs NCCL >= 2.10 on CUDA GPUs, and these nodes have no GPU "

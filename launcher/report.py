@@ -87,8 +87,15 @@ def _node_facts(name: str, dirs: list[Path], warnings: list[str]) -> tuple[Path,
     return (path, data) if isinstance(data, dict) else None
 
 
+USER_JOBS = ("script", "module", "command")
+
+
 def _workload(plan: dict) -> str:
-    """"bench" for train/bench.py or an nccl-tests binary (<op>_perf), else "train"."""
+    """"job" for the user's own script, module or command; "bench" for train/bench.py or an
+    nccl-tests binary (<op>_perf); else "train"."""
+    job = plan.get("job")
+    if isinstance(job, dict) and job.get("kind") in USER_JOBS:
+        return "job"
     argv = plan["nodes"][0].get("argv", []) if plan.get("nodes") else []
     bench = any(str(a).endswith(("train/bench.py", "_perf")) for a in argv)
     return "bench" if bench else "train"
@@ -339,10 +346,22 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "warnings": warnings,
         "advice": _advice(entries, training),
     }
+    if workload == "job":   # only a run of the user's own job carries the key
+        report["job"] = _job(plan, summary)
     recovery = _recovery(summary)
     if recovery is not None:  # only runs that restarted, hung or resumed carry the key
         report["recovery"] = recovery
     return report
+
+
+def _job(plan: dict, summary: dict | None) -> dict:
+    """What launch knows of a user's own job: what ran, how long, and the steps it reported
+    (LAUNCH_STEP lines, when it printed any): nothing of the trainer's is invented."""
+    summary = summary or {}
+    progress = summary.get("progress") if isinstance(summary.get("progress"), dict) else None
+    return {"kind": plan["job"].get("kind"), "target": plan["job"].get("target"),
+            "args": plan["job"].get("args") or [], "duration_s": summary.get("duration_s"),
+            "progress": progress}
 
 
 def _recovery(summary: dict | None) -> dict | None:
@@ -468,9 +487,11 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
                                 "less across nodes than busbw assumes (NCCL_ALGO=Ring measures "
                                 "the ring)")
         lines.append(f"{against}; from {bw['source']}.")
-    lines += ["", "## Training", ""]
     tr = report["training"]
-    if report["workload"] == "bench":
+    lines += ["", "## Job" if report["workload"] == "job" else "## Training", ""]
+    if report["workload"] == "job":
+        lines += _job_lines(report["job"])
+    elif report["workload"] == "bench":
         lines.append("A bench run: no training.")
     elif tr is None:
         lines.append("No training step was logged.")
@@ -519,6 +540,27 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     else:
         lines.append("- nothing: no sign that the links hold this run back")
     return "\n".join(lines) + "\n"
+
+
+def _job_lines(job: dict) -> list[str]:
+    what = {"script": f"script {job['target']}", "module": f"module {job['target']}",
+            "command": "command"}.get(job["kind"], str(job["kind"]))
+    args = f" with {len(job['args'])} argument(s)" if job["args"] else ""
+    took = "" if job["duration_s"] is None else f"; the run took {job['duration_s']:.1f} s"
+    lines = [f"Your {what}{args}{took}."]
+    progress = job.get("progress")
+    if not progress:
+        lines.append("It printed no LAUNCH_STEP line, so launch knows no step, loss or per-rank "
+                     "time of it (one print per step opts in: docs/jobs.md).")
+        return lines
+    loss = "" if progress.get("loss") is None else f", last loss {progress['loss']:g}"
+    lines.append(f"It reported reaching step {progress['step']}{loss} "
+                 f"({progress['lines']} LAUNCH_STEP line(s)).")
+    for slow in progress.get("stragglers") or []:
+        lines.append(f"Straggler: node {slow['node']} local rank {slow['local_rank']}: its busy "
+                     f"time was {slow['ratio']:g}x the median rank's for {slow['intervals']} "
+                     f"blocks of {slow['block_steps']} steps: every step waited for it.")
+    return lines
 
 
 def _recovery_lines(recovery: dict) -> list[str]:

@@ -54,7 +54,10 @@ def find_resume_point(runs_dir: str, run_id: str, recipe_arg: str | None) -> Res
         if not copy.is_file():
             raise ResumeError(f"--resume {run_id}: the run folder keeps no copy of its recipe "
                               f"({copy}); give the recipe: launch run RECIPE --resume {run_id}")
-        recipe = load_recipe(copy)
+        # Its relative paths (workdir) start where the original recipe was.
+        base = (previous.get("recipe") or {}).get("base_dir") if isinstance(previous, dict) \
+            else None
+        recipe = load_recipe(copy, base_dir=base if isinstance(base, str) else None)
     else:
         recipe = load_recipe(recipe_arg)
     point = ResumePoint(folder, previous, recipe, None)
@@ -70,15 +73,20 @@ def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_siz
     people. `checkpoint_must_be_here`: the head's folder is on this machine (local runs);
     over SSH the head's own disk may hold checkpoints that were never fetched."""
     run_id = point.folder.root.name
-    if recipe.checkpoint is None:
-        raise ResumeError(f"--resume {run_id}: {recipe.source} has no `checkpoint:` block, so "
-                          "the trainer would neither load nor write checkpoints; resume with "
-                          "the recipe the run started with")
     if nodes != point.node_names:
         raise ResumeError(
             f"--resume {run_id}: the run ran on {', '.join(point.node_names)} (head "
             f"{point.node_names[0]}, which holds the checkpoints) and would now run on "
             f"{', '.join(nodes)}; resume on the same nodes (--nodes, -i/--cluster, --limit)")
+    if not recipe.is_trainer:
+        # A job of the user's own gets its LAUNCH_CHECKPOINT_DIR back and decides itself what
+        # to continue from.
+        return [f"resuming run {run_id}: LAUNCH_CHECKPOINT_DIR is the run's own again, "
+                f"LAUNCH_ATTEMPT continues from the earlier attempts"]
+    if recipe.checkpoint is None:
+        raise ResumeError(f"--resume {run_id}: {recipe.source} has no `checkpoint:` block, so "
+                          "the trainer would neither load nor write checkpoints; resume with "
+                          "the recipe the run started with")
     found = point.checkpoint
     if found is None:
         where = point.checkpoint_dir

@@ -73,8 +73,28 @@ class RunFolder:
         # so that cleanup never reaches another run that happens to share the id.
         self.stamp = stamp
 
+    @staticmethod
+    def new_uid() -> str:
+        return secrets.token_hex(4)
+
     @classmethod
-    def create(cls, runs_dir: str | Path, run_id: str) -> RunFolder:
+    def uid_for(cls, runs_dir: str | Path, run_id: str, resume: bool) -> str:
+        """The run's own id (kept in launch.json): a new one for a new run, the folder's for a
+        resumed one. Node-side folders are named by it (launcher/backends/ssh.py)."""
+        if not resume:
+            return cls.new_uid()
+        return cls.existing(runs_dir, run_id).uid or cls.new_uid()
+
+    @property
+    def uid(self) -> str | None:
+        try:
+            value = json.loads((self.root / LAUNCH_FILE).read_text()).get("uid")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{8}", value) else None
+
+    @classmethod
+    def create(cls, runs_dir: str | Path, run_id: str, uid: str | None = None) -> RunFolder:
         check_run_id(run_id)
         runs = Path(runs_dir)
         if runs.exists() and not runs.is_dir():
@@ -89,9 +109,10 @@ class RunFolder:
             raise LauncherError(f"cannot create the run folder {root} (--runs-dir): "
                                 f"{err.strerror or err}") from None
         folder = cls(root, f"{run_id}.{secrets.token_hex(8)}")
-        folder.write_json(LAUNCH_FILE, {"run_id": run_id, "stamp": folder.stamp,
-                                        "pid": os.getpid(), "host": socket.gethostname(),
-                                        "started_at": _now(), "attempt": 1})
+        folder.write_json(LAUNCH_FILE, {"run_id": run_id, "uid": uid or cls.new_uid(),
+                                        "stamp": folder.stamp, "pid": os.getpid(),
+                                        "host": socket.gethostname(), "started_at": _now(),
+                                        "attempt": 1})
         return folder
 
     @classmethod
@@ -124,28 +145,49 @@ class RunFolder:
             if (self.root / name).exists():
                 (self.root / name).replace(keep / name)
         shutil.copy2(self.root / LAUNCH_FILE, keep / LAUNCH_FILE)
+        uid = self.uid or self.new_uid()
         self.stamp = f"{self.root.name}.{secrets.token_hex(8)}"
-        self.write_json(LAUNCH_FILE, {"run_id": self.root.name, "stamp": self.stamp,
-                                      "pid": os.getpid(), "host": socket.gethostname(),
-                                      "started_at": _now(), "attempt": previous + 1})
+        self.write_json(LAUNCH_FILE, {"run_id": self.root.name, "uid": uid,
+                                      "stamp": self.stamp, "pid": os.getpid(),
+                                      "host": socket.gethostname(), "started_at": _now(),
+                                      "attempt": previous + 1})
         return previous + 1
 
+    def attempt_base(self) -> int:
+        """Where LAUNCH_ATTEMPT starts for this attempt: every earlier attempt (`--resume`)
+        counts once, and so does every restart it made (its summary's restarts)."""
+        base = 0
+        for n in range(1, self.attempts()):
+            base += 1
+            try:
+                summary = json.loads((self.root / "attempts" / str(n) / "summary.json")
+                                     .read_text())
+                base += len(summary.get("restarts") or [])
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+        return base
+
     @classmethod
-    def for_launch(cls, runs_dir: str | Path, run_id: str, resume: bool = False) -> RunFolder:
+    def for_launch(cls, runs_dir: str | Path, run_id: str, resume: bool = False,
+                   uid: str | None = None) -> RunFolder:
         """A new run folder, or (resume) the existing one with a new attempt begun."""
         if not resume:
-            return cls.create(runs_dir, run_id)
+            return cls.create(runs_dir, run_id, uid)
         folder = cls.existing(runs_dir, run_id)
         folder.begin_attempt()
         return folder
 
-    def keep_recipe(self, source: str) -> None:
-        """A copy of the recipe the run started with, once (a resume keeps the first)."""
+    def keep_recipe(self, source: str, text: str | None = None) -> None:
+        """A copy of the recipe the run started with, once (a resume keeps the first); `text`
+        for a recipe that has no file (made from the command line)."""
         target = self.root / RECIPE_COPY
-        if target.exists() or not Path(source).is_file():
+        if target.exists():
             return
         try:
-            shutil.copyfile(source, target)
+            if text is not None:
+                target.write_text(text)
+            elif Path(source).is_file():
+                shutil.copyfile(source, target)
         except OSError:
             pass
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, replace
+import textwrap
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.plan import NodeCommand, RunPlan
+from launcher.job import Job
+from launcher.jobsetup import SETUP_LOG, setup_argv
+from launcher.plan import NodeCommand, RunPlan, render_workdir
 from launcher.recipe import Slurm
 
 SCRIPT_NAME = "job.sbatch"
@@ -39,6 +42,8 @@ def marker(name: str) -> str:
 
 
 NODE = marker("node")             # the node's Slurm name ($SLURMD_NODENAME)
+NODE_RANK = marker("node_rank")   # its index in the allocation ($SLURM_NODEID), head 0
+NODE_ADDRS = marker("node_addrs")  # every node's address, head first, comma-separated
 ADDR = marker("addr")             # the node's own address: its route's source to the head
 IFACE = marker("iface")           # the interface holding that address
 HEAD_ADDR = marker("head_addr")   # the allocation's first node's address (NodeAddr)
@@ -101,8 +106,11 @@ class SlurmJob:
     rdzv_port: int
     settings: Slurm
     node: NodeCommand            # every node's agent, markers for what the node finds itself
-    store: NodeCommand           # the rendezvous store on the head
+    store: NodeCommand | None    # the rendezvous store on the head (none for a command job)
     notes: tuple[str, ...] = ()
+    job: Job = field(default_factory=lambda: Job("trainer"))
+    workdir: Any = None          # the shipped workdir's manifest (launcher/workdir.py)
+    setup_key: str | None = None  # launcher/jobsetup.py: when setup runs again
 
     @property
     def world_size(self) -> int:
@@ -117,7 +125,7 @@ class SlurmJob:
         return fill(self._endpoint(), {})
 
     def _endpoint(self) -> str:
-        return self.node.argv[self.node.argv.index("--rdzv-endpoint") + 1]
+        return f"{HEAD_ADDR}:{self.rdzv_port}"
 
     # ---- the sbatch command line ------------------------------------------------------
     def sbatch_argv(self, sbatch: str = "sbatch") -> list[str]:
@@ -146,63 +154,38 @@ class SlurmJob:
     def script(self) -> str:
         run_dir = shell_word(self.run_dir)
         node_cmd = command_lines(self.node.env, self.node.argv, "  ")
-        store_cmd = command_lines(self.store.env, self.store.argv, "  ")
         header = comment(f"launch run {self.run_id}: recipe {self.recipe_name} "
                          f"({self.recipe_source}), {self.nnodes} node(s) x "
                          f"{self.nproc_per_node} process(es)")
         submitted = comment(f"Submitted by launch: {shlex.join(self.sbatch_argv())}")
-        return f"""#!/bin/bash
-{header}
-{submitted}
-# Runs on the allocation's first node, the head: starts the rendezvous store there, then one
-# torchrun agent per node (srun), and stops the store when srun ends.
-set -u
-
-# One node: its address is the source address of its route to the head, its interface the one
-# holding that address (GLOO/NCCL_SOCKET_IFNAME); its agent runs in the node's own folder.
-run_node() {{
-  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped=
-  mkdir -p {run_dir}/"$node" && cd {run_dir}/"$node" || exit 1
-  exec >{AGENT_OUT} 2>&1
-  addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
-  iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')
-  if [ -z "$addr" ] || [ -z "$iface" ]; then
-    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
-    echo 1 >{EXIT_FILE}
-    exit 1
+        python_dir = self.settings.python.rpartition("/")[0]
+        path_line = (f"  PATH={shell_word(python_dir)}:$PATH; export PATH\n"
+                     if python_dir else "")
+        workdir = self.node.cwd if self.job.workdir else None
+        go_to_work = (f"  cd {shell_word(workdir)} || {{ echo 1 >\"$dir\"/{EXIT_FILE}; "
+                      "exit 1; }\n" if workdir else "")
+        setup = ""
+        if self.job.setup and workdir:
+            setup_cmd = command_lines(self.node.env, setup_argv(str(self.setup_key),
+                                                                self.job.setup), "    ")
+            setup = f"""  # Setup, once per copy of the workdir: the nodes share it here, and the first to take its
+  # lock runs it while the others wait, then find it done (launcher/jobsetup.py).
+  {{
+    {setup_cmd}
+  }} 2>&1 | tee -a "$dir"/{SETUP_LOG}
+  code=${{PIPESTATUS[0]}}
+  if [ "$code" -ne 0 ]; then
+    echo "launch: setup failed on node $node with exit code $code; no job starts"
+    echo "$code" >"$dir"/{EXIT_FILE}
+    exit "$code"
   fi
-  # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
-  omp_threads=$(( ${{SLURM_CPUS_ON_NODE:-1}} / {self.nproc_per_node} ))
-  [ "$omp_threads" -ge 1 ] || omp_threads=1
-  echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
-  # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
-  # workers, or Slurm would count the node done while they still run; a node stopped so
-  # records -15 (SIGTERM), one that ended by itself its agent's exit code.
-  trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM
-  {node_cmd} &
-  agent=$!
-  while :; do
-    wait "$agent"
-    code=$?
-    kill -0 "$agent" 2>/dev/null || break
-  done
-  [ -z "$stopped" ] || code=-15
-  echo "$code" >{EXIT_FILE}
-  exit "$code"
-}}
-export -f run_node
-
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-head_addr=$(scontrol show node -o "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
-# NodeAddr may be a name: the store and the agents want the address.
-head_addr=$(getent ahostsv4 "$head_addr" | awk 'NR == 1 {{print $1}}')
-if [ -z "$head_addr" ]; then
-  echo "launch: no IPv4 address for the head node $head (its NodeAddr in scontrol show node)"
-  exit 1
-fi
-echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
-
-# The rendezvous store, a process of its own on the head: no agent's exit can take the
+"""
+        what = ("the rendezvous store there, then one torchrun agent per node (srun), and stops "
+                "the store when srun ends" if self.store else
+                "the job's command once per node (srun), its own launcher doing the rest")
+        if self.store:
+            store_cmd = command_lines(self.store.env, self.store.argv, "  ")
+            start_store = f"""# The rendezvous store, a process of its own on the head: no agent's exit can take the
 # rendezvous down with it.
 mkdir -p {run_dir}/"$head" || exit 1
 (
@@ -211,11 +194,8 @@ mkdir -p {run_dir}/"$head" || exit 1
   exec {store_cmd}
 ) >{run_dir}/"$head"/{STORE_OUT} 2>&1 &
 store=$!
-srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
-  --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
-agents=$!
-
-# Whichever ends first: srun (the run is over) or the store (the run cannot go on).
+"""
+            finish = f"""# Whichever ends first: srun (the run is over) or the store (the run cannot go on).
 wait -n
 if kill -0 "$agents" 2>/dev/null; then
   wait "$store"
@@ -232,6 +212,80 @@ kill -TERM "$store" 2>/dev/null
 wait "$store"
 exit "$status"
 """
+        else:
+            start_store = ""
+            finish = 'wait "$agents"\n'
+        purpose = "\n".join(textwrap.wrap(
+            f"Runs on the allocation's first node, the head: starts {what}.", 95,
+            initial_indent="# ", subsequent_indent="# "))
+        return f"""#!/bin/bash
+{header}
+{submitted}
+{purpose}
+set -u
+
+# One node: its address is the source address of its route to the head, its interface the one
+# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its job
+# runs in {"the workdir" if workdir else "that folder"}.
+run_node() {{
+  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped= dir
+  local node_rank=$SLURM_NODEID
+  dir={run_dir}/"$node"
+  mkdir -p "$dir" && cd "$dir" || exit 1
+  exec >"$dir"/{AGENT_OUT} 2>&1
+  addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
+  iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')
+  if [ -z "$addr" ] || [ -z "$iface" ]; then
+    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
+    echo 1 >"$dir"/{EXIT_FILE}
+    exit 1
+  fi
+  # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
+  omp_threads=$(( ${{SLURM_CPUS_ON_NODE:-1}} / {self.nproc_per_node} ))
+  [ "$omp_threads" -ge 1 ] || omp_threads=1
+  echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
+{path_line}{go_to_work}{setup}  # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
+  # workers, or Slurm would count the node done while they still run; a node stopped so
+  # records -15 (SIGTERM), one that ended by itself its agent's exit code.
+  trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM
+  {node_cmd} &
+  agent=$!
+  while :; do
+    wait "$agent"
+    code=$?
+    kill -0 "$agent" 2>/dev/null || break
+  done
+  [ -z "$stopped" ] || code=-15
+  echo "$code" >"$dir"/{EXIT_FILE}
+  exit "$code"
+}}
+export -f run_node
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# NodeAddr may be a name: the store and the agents want the address.
+node_address() {{
+  local addr
+  addr=$(scontrol show node -o "$1" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+  getent ahostsv4 "$addr" | awk 'NR == 1 {{print $1}}'
+}}
+head_addr=$(node_address "$head")
+if [ -z "$head_addr" ]; then
+  echo "launch: no IPv4 address for the head node $head (its NodeAddr in scontrol show node)"
+  exit 1
+fi
+# Every node's address, head first (LAUNCH_NODE_ADDRS).
+node_addrs=
+for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+  node_addrs=${{node_addrs:+$node_addrs,}}$(node_address "$name")
+done
+export node_addrs
+echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
+
+{start_store}srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
+  --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
+agents=$!
+
+{finish}"""
 
     # ---- printing ----------------------------------------------------------------------
     def render(self) -> str:
@@ -240,12 +294,15 @@ exit "$status"
                                       "the default partition",
                                       f"account {s.account}" if s.account else "",
                                       f"time limit {s.time}" if s.time else "") if x)
+        per_node = (f"{self.nproc_per_node} process(es) = world size {self.world_size}"
+                    if self.store else "1 command per node (it starts its own processes)")
         lines = [
             f"run {self.run_id}: recipe {self.recipe_name} ({self.recipe_source})",
-            f"  Slurm batch job: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = "
-            f"world size {self.world_size}, {where}; c10d rendezvous at {self.rdzv_endpoint} "
-            f"on the allocation's first node (id {self.run_id})",
+            f"  job: {self.job.describe()}",
+            f"  Slurm batch job: {self.nnodes} node(s) x {per_node}, {where}; c10d rendezvous "
+            f"at {self.rdzv_endpoint} on the allocation's first node (id {self.run_id})",
             *(f"  note: {note}" for note in self.notes),
+            *render_workdir(self.workdir, self.job.setup),
             "",
             "submit:",
             "  " + shlex.join(self.sbatch_argv()),
@@ -272,8 +329,10 @@ exit "$status"
             "run_dir": self.run_dir,
             "sbatch": {"argv": self.sbatch_argv(), "script": self.script_path},
             "script": self.script(),
+            "job": self.job.to_json(),
+            "workdir": self.workdir.to_json() if self.workdir is not None else None,
             "node": command(self.node),
-            "store": command(self.store),
+            "store": command(self.store) if self.store else None,
             "notes": list(self.notes),
         }
 
@@ -290,9 +349,12 @@ exit "$status"
         head_name, head_addr = nodes[0]
         head_addr = found.get(head_name, {}).get("addr", head_addr)
 
+        addrs = ",".join(found.get(name, {}).get("addr", addr) for name, addr in nodes)
+
         def place(cmd: NodeCommand, name: str, addr: str, is_head: bool) -> NodeCommand:
             values = {"node": name, "addr": addr, "head_addr": head_addr,
-                      **found.get(name, {})}
+                      "node_rank": str([n for n, _ in nodes].index(name)),
+                      "node_addrs": addrs, **found.get(name, {})}
             return replace(cmd, name=name, address=addr, private_address=values["addr"],
                            is_head=is_head, argv=tuple(fill(a, values) for a in cmd.argv),
                            env={k: fill(v, values) for k, v in cmd.env.items()},
@@ -305,8 +367,9 @@ exit "$status"
                        recipe_source=self.recipe_source,
                        rdzv_endpoint=fill(self._endpoint(), {"head_addr": head_addr}),
                        nproc_per_node=self.nproc_per_node, nodes=commands,
-                       notes=self.notes,
-                       store=place(self.store, head_name, head_addr, True))
+                       notes=self.notes, job=self.job, workdir=self.workdir,
+                       store=place(self.store, head_name, head_addr, True)
+                       if self.store else None)
 
 
 _FACTS = re.compile(r"^launch: node (?P<node>\S+): address (?P<addr>\S+), interface "

@@ -2,12 +2,18 @@
 run hangs, to describe them. Prints JSON.
 
     python train/node_probe.py heartbeats RUN_DIR
-    python train/node_probe.py dump RUN_DIR --stamp STAMP [--timeout 10]
+    python train/node_probe.py activity RUN_DIR --stamp STAMP [--node NODE]
+    python train/node_probe.py dump RUN_DIR --stamp STAMP [--node NODE] [--timeout 10]
     python train/node_probe.py kill --stamp STAMP PID...
+    python train/node_probe.py reap --stamp STAMP [--node NODE]
 
 `heartbeats`: every rank's heartbeat file (train/heartbeat.py) in the node's folder.
-`dump`: for every rank whose heartbeat names a live process of this run (its environment
-carries LAUNCH_RUN_STAMP=STAMP: a pid reused by another process is never touched): its
+`activity`: the heartbeats, and every process of this run on the node (its environment
+carries LAUNCH_RUN_STAMP=STAMP, whatever session it moved to): pid, state, CPU time, its rank
+when torchrun started it (RANK in its environment). A job of the user's own has no heartbeat:
+launch tells a hung one from one computing silently by its processes' CPU time.
+`dump`: for every rank (a heartbeat naming a live process of this run; without heartbeats,
+the run's processes torchrun started, else its Python processes): its
 process state from /proc (R running, S sleeping, D disk wait, T stopped, t traced, Z zombie),
 the kernel function it waits in (wchan), and every thread's Python stack:
   1. `py-spy dump` (the py-spy next to this interpreter, else on PATH): reads the process's
@@ -18,6 +24,10 @@ the kernel function it waits in (wchan), and every thread's Python stack:
 On NCCL ranks it also asks the flight recorder for a dump (TORCH_NCCL_DEBUG_INFO_PIPE_FILE).
 `kill`: SIGKILL to the given ranks, each only if it is a process of this run (the stamp):
 torchrun then restarts the node's workers, the way it does when one dies.
+`reap`: SIGKILL to every process of this run still on the node, once its agents are gone (a
+job's child that moved to a session of its own, out of reach of the agent's process group).
+`--node`: only the processes of that launch node (LAUNCH_NODE in their environment): nodes that
+share a machine's processes (local nodes, lab hosts in network namespaces) are told apart.
 
 Imports only the standard library (and the trainer's heartbeat module, stdlib too).
 """
@@ -165,7 +175,8 @@ def describe_rank(beat: dict[str, Any], run_dir: Path, stamp: str, timeout: floa
                   ) -> dict[str, Any]:
     pid = int(beat["pid"])
     out: dict[str, Any] = {key: beat.get(key) for key in
-                           ("node", "rank", "local_rank", "pid", "step", "phase", "attempt")}
+                           ("node", "rank", "local_rank", "pid", "step", "phase", "attempt",
+                            "cmd")}
     env = _environ(pid)
     state, wchan = process_state(pid)
     if state is None or env.get(STAMP_ENV) != stamp:
@@ -178,20 +189,107 @@ def describe_rank(beat: dict[str, Any], run_dir: Path, stamp: str, timeout: floa
     source = "py-spy" if stack else None
     if stack is None and not stopped:  # a stopped process cannot run a signal handler
         stack, fallback_error = faulthandler_dump(
-            pid, run_dir / stack_path(".", int(beat.get("local_rank", 0))), min(timeout, 5.0))
+            pid, run_dir / stack_path(".", int(beat.get("local_rank") or 0)), min(timeout, 5.0))
         if stack:
             source = "faulthandler"  # py-spy's error stays, as a note
         else:
             error = f"{error}; {fallback_error}"
     out.update(stack=stack, stack_source=source, error=error)
     out["nccl_trace"] = None if stopped else flight_recorder(
-        pid, int(beat.get("rank", 0)), env, timeout=min(timeout, 5.0))
+        pid, int(beat.get("rank") or 0), env, timeout=min(timeout, 5.0))
     return out
 
 
-def dump(run_dir: str | Path, stamp: str, timeout: float = 10.0) -> dict[str, Any]:
-    run_dir = Path(run_dir)
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, CPU ticks: user + system) from /proc/<pid>/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name sits in parentheses and may hold spaces: the fields follow the last ')'.
+    fields = text.rsplit(")", 1)[1].split()
+    try:
+        return fields[0], int(fields[1]), int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _as_int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
+    """Every process of the run on this node (but this probe), by the stamp in its
+    environment: a pid that another process reused is never taken for one of the run's.
+    `node`: only the processes of that launch node."""
+    out = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        env = _environ(pid)
+        if env.get(STAMP_ENV) != stamp or (node is not None and env.get("LAUNCH_NODE") != node):
+            continue
+        stat = _stat(pid)
+        if stat is None:
+            continue
+        argv = _cmdline(pid)
+        out.append({
+            "pid": pid, "ppid": stat[1], "state": stat[0], "cpu_ticks": stat[2],
+            "rank": _as_int(env.get("RANK")), "local_rank": _as_int(env.get("LOCAL_RANK")),
+            # torchrun's agent (launch's, or one the user's command started): it waits for
+            # its workers and is not one of the job's ranks.
+            "agent": "torch.distributed.run" in argv or any(
+                a.endswith(("/torchrun", "torch/distributed/run.py")) for a in argv),
+            "python": bool(argv) and os.path.basename(argv[0]).startswith("python"),
+            "cmd": " ".join(argv)[:300],
+        })
+    return out
+
+
+def activity(run_dir: str | Path, stamp: str, node: str | None = None) -> dict[str, Any]:
+    return {"beats": read_heartbeats(run_dir), "procs": run_processes(stamp, node),
+            "ticks_per_s": os.sysconf("SC_CLK_TCK")}
+
+
+def rank_processes(run_dir: Path, stamp: str, node: str | None = None) -> list[dict[str, Any]]:
+    """The ranks to describe: heartbeats (the trainer), else the processes torchrun started
+    (RANK in their environment; the first of each rank, not its DataLoader workers), else the
+    run's Python processes (a command that brought its own launcher)."""
     beats = read_heartbeats(run_dir)
+    if beats:
+        return beats
+    procs = [p for p in run_processes(stamp, node) if not p["agent"]]
+    pids = {p["pid"] for p in procs}
+    ranked = [p for p in procs if p["rank"] is not None]
+    if ranked:
+        # A rank's own children (DataLoader workers) inherit RANK: keep the topmost.
+        chosen = [p for p in ranked if not any(q["pid"] == p["ppid"] and q["rank"] == p["rank"]
+                                               for q in ranked)]
+    else:
+        chosen = [p for p in procs if p["python"] and p["ppid"] not in pids] or \
+            [p for p in procs if p["python"]]
+    return [{"node": node, "rank": p["rank"],
+             "local_rank": p["local_rank"], "pid": p["pid"], "step": None, "phase": None,
+             "attempt": None, "cmd": p["cmd"]} for p in chosen]
+
+
+def dump(run_dir: str | Path, stamp: str, timeout: float = 10.0,
+         node: str | None = None) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    beats = rank_processes(run_dir, stamp, node)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(beats)))) as pool:
         ranks = list(pool.map(lambda b: describe_rank(b, run_dir, stamp, timeout), beats))
     return {"ranks": ranks, "py_spy": find_py_spy()}
@@ -211,23 +309,39 @@ def kill(pids: list[int], stamp: str) -> dict[str, Any]:
     return {"killed": killed, "skipped": skipped}
 
 
+def reap(stamp: str, node: str | None = None) -> dict[str, Any]:
+    return kill([p["pid"] for p in run_processes(stamp, node)], stamp)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     hb = sub.add_parser("heartbeats")
     hb.add_argument("run_dir")
+    ap = sub.add_parser("activity")
+    ap.add_argument("run_dir")
+    ap.add_argument("--stamp", required=True)
+    ap.add_argument("--node")
     dp = sub.add_parser("dump")
     dp.add_argument("run_dir")
     dp.add_argument("--stamp", required=True)
     dp.add_argument("--timeout", type=float, default=10.0)
+    dp.add_argument("--node")
     kp = sub.add_parser("kill")
     kp.add_argument("--stamp", required=True)
     kp.add_argument("pids", type=int, nargs="+")
+    rp = sub.add_parser("reap")
+    rp.add_argument("--stamp", required=True)
+    rp.add_argument("--node")
     args = p.parse_args(argv)
     if args.what == "heartbeats":
         print(json.dumps(read_heartbeats(args.run_dir)))
+    elif args.what == "activity":
+        print(json.dumps(activity(args.run_dir, args.stamp, args.node)))
     elif args.what == "dump":
-        print(json.dumps(dump(args.run_dir, args.stamp, args.timeout)))
+        print(json.dumps(dump(args.run_dir, args.stamp, args.timeout, args.node)))
+    elif args.what == "reap":
+        print(json.dumps(reap(args.stamp, args.node)))
     else:
         print(json.dumps(kill(args.pids, args.stamp)))
     return 0

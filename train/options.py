@@ -33,6 +33,11 @@ AUTO_WINDOW_STEPS = 6
 AUTO_MEASURE_STEPS = AUTO_SKIP_STEPS + AUTO_WINDOW_STEPS
 AUTO_TRIAL_STEPS = AUTO_MEASURE_STEPS + 1 + AUTO_WINDOW_STEPS
 SHORT_FLAG_SECTIONS = ("train", "ddp")
+# A straggler: a rank whose busy time per step is above THRESHOLD x the median rank's for
+# INTERVALS intervals in a row. The trainer judges its own ranks (train/stragglers.py); launch
+# judges a user's job from its LAUNCH_STEP lines (launcher/progress.py) with the same rule.
+STRAGGLER_THRESHOLD = 1.25
+STRAGGLER_INTERVALS = 3
 
 
 @dataclass(frozen=True)

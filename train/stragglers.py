@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-THRESHOLD = 1.25       # busy time above this multiple of the median rank's...
-INTERVALS = 3          # ...for this many log intervals in a row
+from train.options import STRAGGLER_INTERVALS as INTERVALS  # the rule launch uses too
+from train.options import STRAGGLER_THRESHOLD as THRESHOLD
+
 SKIP_STEPS = 3         # first steps pay for allocation and bucket rebuilds (main.py's warm-up)
 REPEAT_EVERY = 10      # a straggler that goes on is said again every this many intervals
 

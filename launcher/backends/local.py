@@ -12,17 +12,29 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.backends.base import (GroupResult, LaunchOptions, NodeResult, Program,
                                     trainer_code_dir)
 from launcher.errors import LauncherError
 from launcher.inventory import Node
+from launcher.job import Job, default_job, workdir_folder_name
 from launcher.plan import Placement, RunPlan, plan_run
 from launcher.recipe import Recipe, check_recipe_for_hardware
 
 # Each agent is a torchrun and a Python process per rank: more than this on one machine is a
 # typo (--nodes 100000 once tried to start them all).
 MAX_LOCAL_NODES = 64
+
+
+CHECKPOINTS = "checkpoints"   # LAUNCH_CHECKPOINT_DIR, in the run folder
+
+
+def local_workdir(workdir: str) -> Path:
+    """Where this machine keeps the shipped copy of a workdir (kept between runs)."""
+    from launcher.home import launch_home
+
+    return launch_home() / "workdirs" / workdir_folder_name(workdir)
 
 
 def local_nodes(count: int) -> list[Node]:
@@ -86,17 +98,21 @@ class LocalBackend:
         return [n.gpus or 0 for n in nodes]
 
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
-             program: Program | None = None, rdzv_port: int | None = None) -> RunPlan:
+             program: Program | None = None, rdzv_port: int | None = None,
+             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> RunPlan:
         check_recipe_for_hardware(recipe, self.gpus(nodes))
+        job = job or default_job(recipe, program)
         root = Path(self.cwd, runs_dir).resolve() / run_id
         code = str(trainer_code_dir())
         per_node = nodes[0].gpus or 0
+        # The local nodes share this machine, so they share one shipped copy of the workdir.
+        shipped = str(local_workdir(job.workdir)) if job.workdir else None
         placements = {
             n.name: Placement(
                 python=sys.executable, code_dir=code, run_dir=str(root / n.name), cwd=self.cwd,
                 cpus=max(1, self.cpus_total // len(nodes)),
                 visible_gpus=tuple(range(i * per_node, (i + 1) * per_node)) if per_node
-                else None,
+                else None, workdir=shipped, checkpoint_dir=str(root / CHECKPOINTS),
             )
             for i, n in enumerate(nodes)
         }
@@ -104,23 +120,28 @@ class LocalBackend:
         notes = (f"rendezvous port {port} on 127.0.0.1 was free when planned (the recipe's "
                  f"port {recipe.rendezvous.port} is for clusters)",)
         return plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes,
-                        program=program)
+                        program=program, job=job, workdir=workdir, attempt=attempt)
 
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
+               *, program: Program | None = None, rdzv_port: int | None = None,
+               job: Job | None = None, workdir: Any = None) -> dict:
         from launcher.execute.local_agent import LocalNodeProcess, reap_run
         from launcher.execute.runner import execute_plan
+        from launcher.execute.prepare import prepare_local
         from launcher.runfolder import RunFolder
 
-        plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
-                         rdzv_port=rdzv_port)
-        folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), plan.run_id,
+        # What the machine refuses is refused before the run folder exists.
+        check_recipe_for_hardware(recipe, self.gpus(nodes))
+        folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
                                       resume=options.resume)
+        plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
+                         rdzv_port=rdzv_port, job=job, workdir=workdir,
+                         attempt=folder.attempt_base())
         procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
-        store = LocalNodeProcess(plan.store, folder.stamp, label="store")
+        store = LocalNodeProcess(plan.store, folder.stamp, label="store") if plan.store else None
         return execute_plan(plan, folder, procs, grace_s=options.grace_s,
                             display=options.display, after=lambda: reap_run(folder.stamp),
-                            store=store)
+                            store=store, prepare=prepare_local(plan, workdir))
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

@@ -27,12 +27,21 @@ from launcher.backends import SLURM_FLAGS
 from launcher.backends.base import GroupResult, LaunchOptions, NodeResult, Program
 from launcher.errors import LauncherError
 from launcher.inventory import Node
+from launcher.job import Job, default_job, workdir_folder_name
+from launcher.jobsetup import setup_key
 from launcher.plan import Placement, plan_run
 from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
-from launcher.sbatch import ADDR, HEAD_ADDR, IFACE, NODE, OMP_THREADS, SlurmJob
+from launcher.sbatch import (ADDR, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK, OMP_THREADS,
+                             SlurmJob)
 from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
 
 MAX_SLURM_NODES = 4096
+
+
+def slurm_workdir(runs: Path, workdir: str) -> Path:
+    """The workdir's shipped copy the nodes share: beside the runs, on the filesystem they see
+    (kept between runs: only what changed ships again, setup's outputs stay)."""
+    return runs / ".workdirs" / workdir_folder_name(workdir)
 
 
 def slurm_settings(recipe_block: Slurm | None, flags: dict[str, Any]) -> Slurm:
@@ -84,8 +93,10 @@ class SlurmBackend:
         return [n.gpus or 0 for n in nodes]
 
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
-             program: Program | None = None, rdzv_port: int | None = None) -> SlurmJob:
+             program: Program | None = None, rdzv_port: int | None = None,
+             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> SlurmJob:
         """The batch job, pure: nothing is asked of Slurm (a real run asks it in preflight)."""
+        job = job or default_job(recipe, program)
         settings = self.settings(recipe)
         gpus = nodes[0].gpus if nodes[0].gpus is not None else settings.gpus_per_node
         notes = []
@@ -99,19 +110,34 @@ class SlurmBackend:
         notes.append("Slurm picks the nodes: the job script finds the first node (the head, "
                      "where the rendezvous store runs) and each node's own address and "
                      "interface when it runs")
-        run_dir = str(Path(self.cwd, runs_dir).resolve() / run_id)
+        runs = Path(self.cwd, runs_dir).resolve()
+        run_dir = str(runs / run_id)
         template = Node(name=NODE, address=ADDR, private_address=ADDR, interface=IFACE,
                         gpus=gpus or 0)
-        place = Placement(python=settings.python, code_dir="../code", run_dir=".",
-                          cwd=f"{run_dir}/{NODE}", extra_env={"OMP_NUM_THREADS": OMP_THREADS})
+        # Every path absolute: the job runs in the workdir, its files go to the node's folder.
+        # The nodes share the workdir's copy, beside the runs on the shared filesystem.
+        place = Placement(python=settings.python, code_dir=f"{run_dir}/code",
+                          run_dir=f"{run_dir}/{NODE}", cwd=f"{run_dir}/{NODE}",
+                          extra_env={"OMP_NUM_THREADS": OMP_THREADS},
+                          workdir=str(slurm_workdir(runs, job.workdir)) if job.workdir else None,
+                          checkpoint_dir=f"{run_dir}/checkpoints")
         port = rdzv_port or recipe.rendezvous.port
         planned = plan_run(recipe, [template] * len(nodes), run_id, {NODE: place},
-                           rdzv_port=port, rdzv_host=HEAD_ADDR, program=program)
+                           rdzv_port=port, rdzv_host=HEAD_ADDR, program=program, job=job,
+                           workdir=workdir, attempt=attempt,
+                           node_cluster_env={
+                               "LAUNCH_NODE_RANK": NODE_RANK,
+                               "LAUNCH_NUM_NODES": str(len(nodes)),
+                               "LAUNCH_NODE_ADDRS": NODE_ADDRS, "LAUNCH_HEAD_ADDR": HEAD_ADDR,
+                               "LAUNCH_RDZV_PORT": str(port),
+                               "LAUNCH_GPUS_PER_NODE": str(gpus or 0)})
+        key = setup_key(workdir.digest if workdir is not None else None, job.setup)
         return SlurmJob(run_id=run_id, recipe_name=recipe.name,
                         recipe_source=recipe.source, run_dir=run_dir, nnodes=len(nodes),
                         nproc_per_node=planned.nproc_per_node, rdzv_port=port,
                         settings=settings, node=planned.nodes[0], store=planned.store,
-                        notes=tuple(notes))
+                        notes=tuple(notes), job=job, workdir=workdir,
+                        setup_key=key if job.setup else None)
 
     def preflight(self, recipe: Recipe | None, count: int) -> Partition:
         """Slurm's client commands are here and the partition has `count` nodes that take
@@ -152,7 +178,8 @@ class SlurmBackend:
         return merged
 
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
+               *, program: Program | None = None, rdzv_port: int | None = None,
+               job: Job | None = None, workdir: Any = None) -> dict:
         from launcher.execute.slurm_job import run_job
 
         if recipe.restarts or options.resume:
@@ -167,9 +194,10 @@ class SlurmBackend:
             # A job gets the GPUs it asks for; ask for what every usable node has.
             have = [partition.gpus.get(n, 0) for n in partition.usable]
             nodes = [replace(n, gpus=min(have) if have else 0) for n in nodes]
-        job = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
-                        rdzv_port=rdzv_port)
-        return run_job(job, options, recipe.source if Path(recipe.source).is_file() else None)
+        batch = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
+                          rdzv_port=rdzv_port, job=job, workdir=workdir)
+        return run_job(batch, options, recipe.source if Path(recipe.source).is_file() else None,
+                       recipe.text)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

@@ -6,76 +6,106 @@ from __future__ import annotations
 import posixpath
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.backends.base import (GroupResult, LaunchOptions, NodeResult, Program,
                                     in_parallel, trainer_code_dir)
 from launcher.errors import LauncherError
 from launcher.inventory import Node, load_inventory, select_nodes
+from launcher.job import Job, default_job, workdir_folder_name
 from launcher.plan import Placement, RunPlan, plan_run
 from launcher.recipe import Recipe
 from launcher.ssh import SshOptions
 
 
-def node_run_dir(node: Node, run_id: str) -> str:
-    """`launch_run_root` (default .launch/runs, relative to the SSH login directory, so the
-    plan needs no knowledge of the node's $HOME) / run id / node name. The node name is in
-    the path so that hosts sharing a file system (NFS homes, the lab) never write into each
-    other's folders."""
-    return posixpath.join(node.run_root, run_id, node.name)
+def node_run_dir(node: Node, run_id: str, uid: str) -> str:
+    """`launch_run_root` (default .launch/runs, relative to the SSH login directory) / run id
+    and the run's uid / node name. The uid (launcher/runfolder.py) makes the folder this run's
+    alone: a new run that reuses an id never finds an earlier run's checkpoints there (it
+    once resumed from them silently), while a restart or `--resume` of the same run does. The
+    node name is in the path so that hosts sharing a file system (NFS homes, the lab) never
+    write into each other's folders."""
+    return posixpath.join(node.run_root, f"{run_id}.{uid}", node.name)
+
+
+def node_workdir(node: Node, local_workdir: str) -> str:
+    """Where a node keeps the shipped copy of a workdir, beside its run folders (kept between
+    runs: only what changed ships again, setup's outputs stay)."""
+    base = posixpath.dirname(node.run_root.rstrip("/")) or "."
+    return posixpath.join(base, "workdirs", workdir_folder_name(local_workdir))
+
+
+def _on_node(home: str | None, path: str) -> str:
+    """A path on the node: absolute once preflight told the login folder, else as the login
+    folder sees it (a dry run connects to nothing)."""
+    if path.startswith("/"):
+        return path
+    return posixpath.normpath(posixpath.join(home, path)) if home else path
 
 
 def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
                    facts: dict | None = None, *, rdzv_port: int | None = None,
-                   program: Program | None = None) -> RunPlan:
+                   program: Program | None = None, job: Job | None = None,
+                   workdir: Any = None, uid: str = "UID", attempt: int = 0) -> RunPlan:
     """The plan for hosts over SSH. Without facts (a dry run connects to nothing) the GPU
-    count comes from the inventory and interface/cores are left for preflight to find."""
+    count comes from the inventory, interface/cores are left for preflight to find, and paths
+    are relative to each node's login folder."""
+    job = job or default_job(recipe, program)
     notes = []
     if facts:
         nodes = [replace(n, gpus=facts[n.name].gpus,
                          interface=n.interface or facts[n.name].interface) for n in nodes]
     else:
         notes.append("dry run: no connection made; preflight fills in each node's network "
-                     "interface (GLOO/NCCL_SOCKET_IFNAME), cores (OMP_NUM_THREADS), GPUs and "
-                     "the settings in /etc/launch/nccl.env that `launch setup` writes on EFA "
-                     "nodes")
-    notes.append("each node runs in its own folder (cwd); paths in its command are relative")
-    placements = {
-        n.name: Placement(python=n.python, code_dir="code", run_dir=".",
-                          cwd=node_run_dir(n, run_id),
-                          cpus=n.cpus or (facts[n.name].cpus if facts else None),
-                          # launch_env_file (from `launch setup`); the recipe's env wins.
-                          extra_env=facts[n.name].env if facts else {})
-        for n in nodes
-    }
+                     "interface (GLOO/NCCL_SOCKET_IFNAME), cores (OMP_NUM_THREADS), GPUs, the "
+                     "settings in /etc/launch/nccl.env that `launch setup` writes on EFA nodes, "
+                     "and makes the paths below (relative to the node's login folder) "
+                     "absolute; UID stands for the run's own id, made when it starts")
+    placements = {}
+    for n in nodes:
+        home = facts[n.name].home if facts else None
+        run_dir = _on_node(home, node_run_dir(n, run_id, uid))
+        placements[n.name] = Placement(
+            python=n.python, code_dir=posixpath.join(run_dir, "code"), run_dir=run_dir,
+            cwd=run_dir, cpus=n.cpus or (facts[n.name].cpus if facts else None),
+            # launch_env_file (from `launch setup`); the recipe's env wins.
+            extra_env=facts[n.name].env if facts else {},
+            workdir=_on_node(home, node_workdir(n, job.workdir)) if job.workdir else None,
+            checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
     return plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
-                    program=program)
+                    program=program, job=job, workdir=workdir, attempt=attempt)
 
 
 def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
-                      launch: LaunchOptions, code: dict) -> dict:
-    """Run and collect a planned run on open connections (the code is on the nodes already,
-    checked by preflight); returns the summary."""
+                      launch: LaunchOptions, code: dict, folder) -> dict:
+    """Run and collect a planned run on open connections (the code and the workdir are on
+    the nodes already, checked by preflight); returns the summary."""
+    from launcher.execute.prepare import prepare_ssh
     from launcher.execute.remote_agent import SshNodeProcess, fetch_tree
     from launcher.execute.runner import execute_plan
-    from launcher.runfolder import RunFolder
 
     commands = {c.name: c for c in plan.nodes}
-    folder = RunFolder.for_launch(launch.runs_dir, plan.run_id, resume=launch.resume)
     # Every node provably runs the same code: the hash each node computed is this one.
     folder.write_json("code.json", code)
     procs = [SshNodeProcess(commands[n.name], n, conns[n.name], options, folder.stamp)
              for n in nodes]
     head = nodes[0]
     store = SshNodeProcess(plan.store, head, conns[head.name], options, folder.stamp,
-                           label="store")
+                           label="store") if plan.store else None
 
     by_proc = {p.name: p for p in procs}
 
     def collect() -> None:
         def fetch(name: str):
             # The node process's connection: opened again if it dropped during the run.
-            return fetch_tree(by_proc[name].connection(), commands[name].cwd,
-                              folder.node_dir(name))
+            proc = by_proc[name]
+            # Whatever of the run still lives there (a job's child in a session of its own):
+            # found by the run's stamp, never by name.
+            try:
+                proc.reap()
+            except Exception as err:  # noqa: BLE001 (the fetch still goes on)
+                print(f"launch: warning: node {name}: could not look for leftovers: {err}")
+            return fetch_tree(proc.connection(), commands[name].run_dir, folder.node_dir(name))
 
         for name, result in in_parallel(fetch, list(commands)).items():
             if isinstance(result, Exception):
@@ -84,7 +114,9 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
             proc.close()
 
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display, store=store)
+                        display=launch.display, store=store,
+                        prepare=prepare_ssh(plan, {n.name: procs[i] for i, n in
+                                                   enumerate(nodes)}, plan.workdir))
 
 
 class SshBackend:
@@ -114,27 +146,40 @@ class SshBackend:
         return out
 
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
-             program: Program | None = None, rdzv_port: int | None = None) -> RunPlan:
-        return plan_inventory(recipe, nodes, run_id, rdzv_port=rdzv_port, program=program)
+             program: Program | None = None, rdzv_port: int | None = None,
+             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> RunPlan:
+        return plan_inventory(recipe, nodes, run_id, rdzv_port=rdzv_port, program=program,
+                              job=job, workdir=workdir, attempt=attempt)
 
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
-        """Preflight (the code shipped on the way), plan with the nodes' facts, run, collect."""
+               *, program: Program | None = None, rdzv_port: int | None = None,
+               job: Job | None = None, workdir: Any = None) -> dict:
+        """Preflight (the code and the workdir shipped on the way), the run folder, plan with
+        the nodes' facts, setup, run, collect."""
         from launcher.execute.remote_agent import code_files, content_hash
         from launcher.preflight import Shipment, close_all, preflight
+        from launcher.runfolder import RunFolder
 
+        job = job or default_job(recipe, program)
         port = rdzv_port or recipe.rendezvous.port
         code_dir = trainer_code_dir()
         files = code_files(code_dir)
         recipe_file = Path(recipe.source) if Path(recipe.source).is_file() else None
+        uid = RunFolder.uid_for(options.runs_dir, run_id, options.resume)
         shipment = Shipment(code_dir, files, content_hash(code_dir, files),
-                            lambda node: node_run_dir(node, run_id), recipe_file,
-                            remove_on_failure=not options.resume)
+                            lambda node: node_run_dir(node, run_id, uid), recipe_file,
+                            remove_on_failure=not options.resume, job=job, workdir=workdir,
+                            node_workdir=lambda node: node_workdir(node, job.workdir)
+                            if job.workdir else None)
         conns, facts = preflight(nodes, recipe, self.options, port, shipment)
         try:
-            plan = plan_inventory(recipe, nodes, run_id, facts, rdzv_port=port, program=program)
+            folder = RunFolder.for_launch(options.runs_dir, run_id, resume=options.resume,
+                                          uid=uid)
+            plan = plan_inventory(recipe, nodes, run_id, facts, rdzv_port=port, program=program,
+                                  job=job, workdir=workdir, uid=uid,
+                                  attempt=folder.attempt_base())
             return execute_inventory(plan, nodes, conns, self.options, options,
-                                     {"sha256": shipment.sha256, "files": files})
+                                     {"sha256": shipment.sha256, "files": files}, folder)
         finally:
             close_all(conns)
 

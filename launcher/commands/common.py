@@ -27,6 +27,28 @@ grace_seconds = _bounded(float, 0.0, 600.0, "seconds (0 to 600)")
 port_number = _bounded(int, 1, 65535, "port (1 to 65535)")
 restart_count = _bounded(int, 0, 1000, "restart count (a whole number from 0 to 1000)")
 hang_seconds = _bounded(float, 1.0, 7 * 86400.0, "number of seconds (1 to 604800)")
+nproc_count = _bounded(int, 1, 64, "process count (1 to 64)")
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a size such as 500MB, 2GB, 1.5GiB or a number of bytes (1 B to
+    1 PB)."""
+    number = text.strip().lower().rstrip("s")
+    unit = number.lstrip("0123456789.")
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit.strip()]
+    except (ValueError, KeyError):
+        raise ValueError(text) from None
+    if not 1 <= value <= 10**15:
+        raise ValueError(text)
+    return int(value)
+
+
+byte_size.__name__ = "size (e.g. 2GB, 500MB)"
 
 
 def aws_command(handler):

@@ -1,27 +1,56 @@
-"""`launch run RECIPE [--nodes N] [--local | -i INVENTORY | --cluster NAME] [--dry-run]`,
-and `launch run --resume RUN_ID` to continue a stopped run from its last checkpoint."""
+"""`launch run RECIPE [--nodes N] [--local | -i INVENTORY | --cluster NAME | --slurm]`,
+`launch run SCRIPT.py [-- ARGS]` and `launch run -m MODULE [-- ARGS]` (your own code, the
+current folder shipped, no recipe needed), and `launch run --resume RUN_ID` to continue a
+stopped run."""
 
 from __future__ import annotations
 
 import sys
 
+from pathlib import Path
+
 from launcher.backends import LaunchOptions, add_where_arguments, backend_from_args, print_plan
-from launcher.commands.common import grace_seconds, hang_seconds, port_number, restart_count
+from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
+                                      port_number, restart_count)
 from launcher.errors import LauncherError
-from launcher.recipe import Recipe, load_recipe, recipe_warnings
+from launcher.job import job_of, script_recipe
+from launcher.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
 from launcher.runfolder import check_run_id, new_run_id
+
+DEFAULT_WORKDIR_LIMIT = 1 << 30
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "run", help="run a recipe on N nodes (this machine, an inventory's hosts, a cluster)",
-        description="Turn a recipe into one torchrun command per node, start them, stream and "
-        "keep every log, and stop all nodes when one fails (or restart, with --max-restarts). "
-        "Without -i or --cluster the nodes run on this machine.",
+        "run", help="run your script, module or command (or a recipe) on N nodes: this "
+                    "machine, an inventory's hosts, a cluster, Slurm",
+        description="Start your own training script (SCRIPT.py, -m MODULE) or a recipe's job "
+        "on every node: one torchrun per node with a c10d rendezvous (a recipe's `command:` "
+        "brings its own launcher), the workdir shipped first; stream and keep every log, and "
+        "stop all nodes when one fails (or restart, with --max-restarts). Without -i, "
+        "--cluster or --slurm the nodes run on this machine. Arguments after `--` go to your "
+        "script: launch run -i hosts.yml --nodes 2 train.py -- --epochs 3",
     )
-    p.add_argument("recipe", nargs="?",
-                   help="recipe YAML, or the name of a bundled one (`launch recipes`); with "
-                        "--resume, default: the recipe the run started with")
+    p.add_argument("recipe", nargs="?", metavar="RECIPE|SCRIPT.py",
+                   help="a recipe YAML or the name of a bundled one (`launch recipes`), or "
+                        "your script (a .py file in the workdir, default the current folder); "
+                        "with --resume, default: the recipe the run started with")
+    p.add_argument("-m", "--module", metavar="MODULE",
+                   help="run `python -m MODULE` from the workdir instead of a script")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="with a script or -m: the folder shipped to every node and run in "
+                        "(default: the current folder; .gitignore and .launchignore honoured)")
+    p.add_argument("--nproc-per-node", type=nproc_count, metavar="N",
+                   help="with a script or -m: processes per node (default: the node's GPUs, "
+                        "1 on a CPU node)")
+    p.add_argument("--setup", action="append", metavar="COMMAND",
+                   help="with a script or -m: a shell line run on every node in the workdir "
+                        "before the job, again only when the workdir or the commands change "
+                        "(repeatable)")
+    p.add_argument("--workdir-limit", type=byte_size, default=DEFAULT_WORKDIR_LIMIT,
+                   metavar="SIZE",
+                   help="refuse to ship a workdir larger than this (default 1GB; a warning "
+                        "names the largest files above 100MB)")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the recipe's `nodes`)")
     add_where_arguments(p)
     p.add_argument("--dry-run", action="store_true",
@@ -52,7 +81,9 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue a failed or interrupted run from its last checkpoint, in its "
                         "run folder (a new attempt; earlier logs are kept)")
-    p.set_defaults(func=main)
+    # What follows `--` on the command line: the script's or module's own arguments, taken
+    # off before argparse reads the rest (launcher/cli.py).
+    p.set_defaults(func=main, job_args=[], takes_job_args=True)
 
 
 def with_overrides(recipe: Recipe, args) -> Recipe:
@@ -63,6 +94,56 @@ def with_overrides(recipe: Recipe, args) -> Recipe:
     if args.hang_timeout is not None:
         update["hang_timeout_s"] = args.hang_timeout
     return recipe.model_copy(update=update) if update else recipe
+
+
+def _is_script(target: str | None) -> bool:
+    return target is not None and target.endswith(".py")
+
+
+def _command_line_recipe(args) -> Recipe:
+    """The recipe `launch run SCRIPT.py` / `-m MODULE` stands for (`launch init --script`
+    writes the same one); relative paths start from the current folder."""
+    if args.module and args.recipe:
+        raise LauncherError(f"-m {args.module} runs a module: give no script or recipe "
+                            f"({args.recipe}) with it")
+    data = script_recipe(script=None if args.module else args.recipe, module=args.module,
+                         args=args.job_args, workdir=args.workdir or ".",
+                         nproc_per_node=args.nproc_per_node, setup=args.setup or [])
+    import yaml
+
+    text = ("# The recipe `launch run` made from its command line (`launch init --script` "
+            "writes the same)\n" + yaml.safe_dump(data, sort_keys=False))
+    return recipe_from_mapping(data, "<command line>", Path.cwd(), text=text)
+
+
+def _recipe_only(args, recipe_is_file: bool) -> None:
+    """Flags that describe a job made from the command line do not go with a recipe."""
+    given = [flag for flag, value in (("-- ARGS", args.job_args), ("--workdir", args.workdir),
+                                      ("--nproc-per-node", args.nproc_per_node),
+                                      ("--setup", args.setup)) if value]
+    if given and recipe_is_file:
+        raise LauncherError(f"{', '.join(given)}: with a recipe, set them in the recipe "
+                            "(job.args, workdir, nproc_per_node, setup); these flags go with "
+                            "SCRIPT.py or -m MODULE")
+
+
+def scan(job, limit: int, runs_dir: str):
+    """The workdir's manifest (launcher/workdir.py), its warnings said on stderr. The runs
+    folder is never shipped, even inside the workdir (`launch run train.py` from a project
+    puts runs/ there: every earlier run's logs would go to every node)."""
+    if job.workdir is None:
+        return None
+    from launcher.workdir import scan_workdir
+
+    manifest = scan_workdir(Path(job.workdir), limit_bytes=limit,
+                            leave_out={Path(runs_dir).resolve(): "the runs folder (--runs-dir)"})
+    for warning in manifest.warnings:
+        print(f"launch: warning: workdir: {warning}", file=sys.stderr)
+    if manifest.secrets:
+        print(f"launch: warning: workdir {job.workdir}: these files look like secrets and "
+              f"will be shipped to every node: {', '.join(manifest.secrets)} (leave them out "
+              "with a .launchignore line each)", file=sys.stderr)
+    return manifest
 
 
 def main(args) -> int:
@@ -78,17 +159,25 @@ def main(args) -> int:
         if args.run_id and args.run_id != args.resume:
             raise LauncherError(f"--resume {args.resume} continues that run in its folder; "
                                 f"--run-id {args.run_id} would name another")
+        _recipe_only(args, True)
         point = find_resume_point(args.runs_dir, check_run_id(args.resume), args.recipe)
         recipe, run_id = point.recipe, args.resume
-    elif args.recipe is None:
-        raise LauncherError("launch run needs a recipe (a YAML file or a bundled name: `launch "
-                            "recipes`), or --resume RUN_ID")
+    elif args.recipe is None and not args.module:
+        raise LauncherError("launch run needs your script (train.py), a module (-m pkg.train), "
+                            "a recipe (a YAML file or a bundled name: `launch recipes`), or "
+                            "--resume RUN_ID")
     else:
-        recipe = load_recipe(args.recipe)
+        if args.module or _is_script(args.recipe):
+            recipe = _command_line_recipe(args)
+        else:
+            _recipe_only(args, True)
+            recipe = load_recipe(args.recipe)
         run_id = check_run_id(args.run_id) if args.run_id else new_run_id(recipe.name)
     recipe = with_overrides(recipe, args)
     for warning in recipe_warnings(recipe):
         print(f"launch: warning: {warning}", file=sys.stderr)
+    job = job_of(recipe)
+    manifest = scan(job, args.workdir_limit, args.runs_dir)
     default_count = len(point.node_names) if point else recipe.nodes
     count = args.nodes if args.nodes is not None else default_count
     if count < 1:
@@ -98,7 +187,8 @@ def main(args) -> int:
     # A real run plans inside backend.launch (over SSH after preflight, which reports every
     # host's problems at once); a dry run and a resume check need the plan now.
     plan = backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir,
-                        rdzv_port=args.rdzv_port) if args.dry_run or point else None
+                        rdzv_port=args.rdzv_port, job=job, workdir=manifest) \
+        if args.dry_run or point else None
     if point is not None:
         from launcher.resume import check_resume
 
@@ -126,5 +216,5 @@ def main(args) -> int:
                                 rdzv_port=args.rdzv_port)
     backend.launch(recipe, nodes, run_id,
                    LaunchOptions(args.runs_dir, args.grace, resume=point is not None),
-                   rdzv_port=args.rdzv_port)
+                   rdzv_port=args.rdzv_port, job=job, workdir=manifest)
     return 0

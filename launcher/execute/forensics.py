@@ -157,11 +157,12 @@ def classify(node: str, rank: dict[str, Any]) -> Verdict:
 def dump_text(node: str, rank: dict[str, Any], verdict: Verdict) -> str:
     lines = [
         f"node {node}, rank {rank.get('rank')} (local rank {rank.get('local_rank')}), pid "
-        f"{rank.get('pid')}",
+        f"{rank.get('pid')}" + (f": {rank['cmd']}" if rank.get("cmd") else ""),
         f"process state: {verdict.state}" + (f", waiting in kernel function {rank['wchan']}"
                                               if rank.get("wchan") else ""),
         f"last heartbeat: step {rank.get('step')}, phase {rank.get('phase')}, restart "
-        f"{rank.get('attempt')}",
+        f"{rank.get('attempt')}" if rank.get("phase") is not None else
+        "no heartbeat (a job of your own: found by the run's stamp in its environment)",
         f"verdict: {verdict.where.replace('_', ' ')}"
         + (f" ({verdict.waiting_in})" if verdict.waiting_in else ""),
         f"stack source: {rank.get('stack_source') or 'none'}",
@@ -175,6 +176,12 @@ def dump_text(node: str, rank: dict[str, Any], verdict: Verdict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# What "no progress" meant: a step on every rank (the trainer's heartbeats), or for a job of
+# the user's own no sign of life at all (launcher/execute/watch.py ActivityClock).
+NO_STEP = "no rank completed a step"
+NO_SIGN = "no rank showed progress (no output, no CPU time, no LAUNCH_STEP line)"
+
+
 @dataclass
 class HangReport:
     idle_s: float
@@ -184,6 +191,7 @@ class HangReport:
     dumps: list[str]
     nccl_traces: list[str]
     errors: list[str]
+    idle_means: str = NO_STEP
 
     @property
     def stuck(self) -> list[Verdict]:
@@ -217,12 +225,11 @@ class HangReport:
 
     def reason(self) -> str:
         stuck = self.stuck
+        idle = f"hang: {self.idle_means} for {self.idle_s:.0f}s (hang timeout {self.timeout_s:g}s)"
         if not stuck:
-            return (f"hang: no rank completed a step for {self.idle_s:.0f}s (hang timeout "
-                    f"{self.timeout_s:g}s) and no rank stands out as stuck")
-        named = ", ".join(f"rank {v.rank} on node {v.node} ({v.state})" for v in stuck)
-        return (f"hang: no rank completed a step for {self.idle_s:.0f}s (hang timeout "
-                f"{self.timeout_s:g}s); stuck: {named}")
+            return f"{idle} and no rank stands out as stuck"
+        named = ", ".join(f"{_who(v)} on node {v.node} ({v.state})" for v in stuck)
+        return f"{idle}; stuck: {named}"
 
     def lines(self, folder: Path) -> list[str]:
         where = Path(self.dumps[0]).parent if self.dumps else Path(HANG_DIR)
@@ -234,14 +241,20 @@ class HangReport:
                 if v.where != where:
                     continue
                 at = v.waiting_in if where == "in_collective" else v.frame
-                out.append(f"  {title}: rank {v.rank} on node {v.node}: {v.state}"
-                           + (f", at {at}" if at else "") + f", last step {v.step}")
+                out.append(f"  {title}: {_who(v)} on node {v.node}: {v.state}"
+                           + (f", at {at}" if at else "")
+                           + (f", last step {v.step}" if v.step is not None else ""))
         out += [f"  note: {e}" for e in self.errors]
         return out
 
 
+def _who(v: Verdict) -> str:
+    return f"rank {v.rank}" if v.rank is not None else "a process"
+
+
 def investigate(procs: list, idle_s: float, timeout_s: float, folder: Path,
-                timeout: float = DUMP_TIMEOUT_S, number: int = 1) -> HangReport:
+                timeout: float = DUMP_TIMEOUT_S, number: int = 1,
+                idle_means: str = NO_STEP) -> HangReport:
     """Every node at once describes its ranks; verdicts and dump files: hang/ for the run's
     first hang, hang/<number>/ for later ones (a restarted run that hung again)."""
     def ask(proc):
@@ -267,13 +280,16 @@ def investigate(procs: list, idle_s: float, timeout_s: float, folder: Path,
             verdicts.append(verdict)
             if rank.get("pid") is not None:
                 pids[(node, rank.get("rank"))] = int(rank["pid"])
-            name = f"{path_component(node, 'node name')}.rank{rank.get('rank')}.txt"
+            # A command's processes carry no rank (it brought its own launcher): by pid.
+            who = f"rank{rank['rank']}" if rank.get("rank") is not None else \
+                f"pid{rank.get('pid')}"
+            name = f"{path_component(node, 'node name')}.{who}.txt"
             (out_dir / name).write_text(dump_text(node, rank, verdict))
             dumps.append(f"{relative}/{name}")
             if rank.get("nccl_trace"):
                 traces.append(f"{node}:{rank['nccl_trace']}")
     verdicts.sort(key=lambda v: (v.rank is None, v.rank))
-    return HangReport(idle_s, timeout_s, verdicts, pids, dumps, traces, errors)
+    return HangReport(idle_s, timeout_s, verdicts, pids, dumps, traces, errors, idle_means)
 
 
 def _safe(fn):

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.execute.prepare import path_with
 from launcher.leftovers import pids_with_env
 from launcher.plan import NodeCommand
 from launcher.runfolder import STAMP_ENV
@@ -42,12 +43,19 @@ class LocalNodeProcess:
         self.command = command
         self.stamp, self.label = stamp, label
         self.proc: subprocess.Popen | None = None
+        # Restarts of the run before this start of the node (launch restarted it): added to
+        # the plan's LAUNCH_ATTEMPT.
+        self.attempt_offset = 0
 
     def start(self) -> None:
         Path(self.command.run_dir).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env, STAMP_ENV: self.stamp}
+        if self.command.env.get("LAUNCH_PYTHON"):
+            env["PATH"] = path_with(self.command.env["LAUNCH_PYTHON"], env.get("PATH"))
+        env["LAUNCH_ATTEMPT"] = str(int(env.get("LAUNCH_ATTEMPT", "0")) + self.attempt_offset)
         self.proc = subprocess.Popen(
             die_with_launch(list(self.command.argv)),
-            env={**os.environ, **self.command.env, STAMP_ENV: self.stamp},
+            env=env,
             cwd=self.command.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -88,10 +96,15 @@ class LocalNodeProcess:
 
         return read_heartbeats(self.command.run_dir)
 
+    def activity(self) -> dict:
+        from train.node_probe import activity
+
+        return activity(self.command.run_dir, self.stamp, self.name)
+
     def dump_ranks(self, timeout: float) -> dict:
         from train.node_probe import dump
 
-        return dump(self.command.run_dir, self.stamp, timeout)
+        return dump(self.command.run_dir, self.stamp, timeout, self.name)
 
     def kill_ranks(self, pids: list[int]) -> dict:
         from train.node_probe import kill

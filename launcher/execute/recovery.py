@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.execute.forensics import HangReport, investigate
+from launcher.execute.forensics import NO_SIGN, NO_STEP, HangReport, investigate
 from launcher.execute.supervisor import describe_exit, exit_evidence
 from launcher.execute.watch import HangWatch
 from launcher.logs import split_rank
@@ -32,8 +32,8 @@ from launcher.logs import split_rank
 # binary: ..." (torch/distributed/elastic/multiprocessing/api.py).
 WORKER_FAILED = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)")
-# train/main.py
-REFORMED = re.compile(r"^rank \d+/\d+ on ")
+# train/worker.py (every rank of a script, module or the trainer), and train/main.py
+REFORMED = re.compile(r"^(launch: worker )?rank \d+/\d+ ")
 RESUMED = re.compile(r"^resumed from checkpoint step (?P<step>\d+)")
 NO_CHECKPOINT = re.compile(r"^no checkpoint to resume from")
 LOST = re.compile(r"had reached step (?P<reached>\d+): (?P<lost>\d+) step\(s\) lost")
@@ -157,6 +157,12 @@ class RestartBook:
                 if self.incidents and self.incidents[-1].recovered_in_s is None:
                     self.incidents[-1].recovered_in_s = now_s - self.incidents[-1].at_time_s
 
+    def close(self) -> None:
+        with self._lock:
+            current = self._open()
+            if current is not None:
+                current.reformed = True
+
     def to_json(self) -> list[dict[str, Any]]:
         with self._lock:
             return [i.to_json() for i in self.incidents]
@@ -167,7 +173,8 @@ class Recovery:
     Recovering): the restart budget, the hang watch, and what they recorded."""
 
     def __init__(self, restarts: int, hang_timeout_s: float | None, restart_deadline_s: float,
-                 folder: Path, clock=time.monotonic):
+                 folder: Path, clock=time.monotonic, user_job: bool = False,
+                 restart_together: bool = False):
         self.book = RestartBook(restarts)
         self.hang_timeout_s = hang_timeout_s
         self.restart_deadline_s = restart_deadline_s
@@ -176,19 +183,28 @@ class Recovery:
         self.started_at = clock()
         self.watch: HangWatch | None = None
         self.hangs: list[dict[str, Any]] = []
+        # A user's job: the hang watch reads its processes and output (launcher/progress.py
+        # StepLines, set by the runner), not heartbeats.
+        self.user_job = user_job
+        self.steps = None
+        # A command (its own launcher): a failure restarts every node, not one agent.
+        self.restart_together = restart_together
 
     def _now_s(self) -> float:
         return self.clock() - self.started_at
 
     def start(self, procs: list, started_at: float) -> None:
         self.started_at = started_at
-        watched = [p for p in procs if hasattr(p, "heartbeats") and hasattr(p, "dump_ranks")]
+        need = "activity" if self.user_job else "heartbeats"
+        watched = [p for p in procs if hasattr(p, need) and hasattr(p, "dump_ranks")]
         if watched:
-            self.watch = HangWatch(watched, self.hang_timeout_s, self._investigate, self.clock)
+            self.watch = HangWatch(watched, self.hang_timeout_s, self._investigate, self.clock,
+                                   steps=self.steps, user_job=self.user_job)
             self.watch.start()
 
     def _investigate(self, procs: list, idle_s: float, timeout_s: float) -> HangReport:
-        return investigate(procs, idle_s, timeout_s, self.folder, number=len(self.hangs) + 1)
+        return investigate(procs, idle_s, timeout_s, self.folder, number=len(self.hangs) + 1,
+                           idle_means=NO_SIGN if self.user_job else NO_STEP)
 
     def line(self, node: str, raw: str, label: str | None) -> None:
         rank, text = split_rank(raw.rstrip("\r\n"))
@@ -228,6 +244,15 @@ class Recovery:
             return late.node, (f"{late.reason}; the rendezvous did not re-form within "
                                f"{self.restart_deadline_s:g}s of it")
         return None
+
+    def attempts(self) -> int:
+        """Restarts of this attempt of the run so far (each incident counts once)."""
+        return self.book.used
+
+    def closed(self) -> None:
+        """The open incident is over (every node was started again: a command's restart,
+        which prints no rank line of launch's worker entry)."""
+        self.book.close()
 
     def restarted(self) -> None:
         if self.watch is not None:

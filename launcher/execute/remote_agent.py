@@ -22,8 +22,10 @@ from launcher.runfolder import STAMP_ENV
 from launcher.ssh import SshOptions, connect, remote
 
 PGID_FILE = "launch.pgid"
-# Runs in the node's run folder as its own session leader (setsid), so $$ is the process
-# group id every process of the node agent shares; recorded before torchrun replaces it.
+# Runs in the node's folder (the job's workdir, or the node's run folder) as its own session
+# leader (setsid), so $$ is the process group id every process of the node agent shares;
+# recorded (in a file named by a path from there) before torchrun replaces it. $3: a folder
+# to put first on PATH (the node's interpreter's: its pip, torchrun, deepspeed).
 # The watchdog holds the SSH session's stdin, which only ends when the session does: if
 # launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
 # (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
@@ -31,7 +33,8 @@ PGID_FILE = "launch.pgid"
 # the watchdog finds it gone and leaves at once.
 START_SCRIPT = """cd "$1" || exit 97
 echo $$ > "$2"
-shift 2
+if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
+shift 3
 exec 3<&0
 (
   trap '' TERM
@@ -111,10 +114,16 @@ class SshNodeProcess:
         self.command, self.node, self.conn, self.options = command, node, conn, options
         self.stamp, self.label = stamp, label
         # Each process launch starts in the node's folder records its own process group.
-        self.pgid_file = f"launch-{label}.pgid" if label else PGID_FILE
+        # In the node's own run folder (relative paths: from its cwd), never the workdir, which
+        # nodes on a shared filesystem share.
+        self.pgid_path = posixpath.join(command.run_dir or ".",
+                                        f"launch-{label}.pgid" if label else PGID_FILE)
         self.promise = None
         self.exit_code: int | None = None
         self._reconnected: list[Connection] = []
+        # Restarts of the run before this start of the node (launch restarted it): added to
+        # the plan's LAUNCH_ATTEMPT.
+        self.attempt_offset = 0
         self._new_output()
 
     def _new_output(self) -> None:
@@ -134,9 +143,15 @@ class SshNodeProcess:
         if self.promise is not None:  # a restart: fresh output, fresh exit status
             self._new_output()
             self.exit_code = None
-        env = [f"{k}={v}" for k, v in {**self.command.env, STAMP_ENV: self.stamp}.items()]
+        values = {**self.command.env, STAMP_ENV: self.stamp}
+        if self.attempt_offset:
+            values["LAUNCH_ATTEMPT"] = str(int(values.get("LAUNCH_ATTEMPT", "0"))
+                                           + self.attempt_offset)
+        env = [f"{k}={v}" for k, v in values.items()]
         line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
-                      self.command.cwd or ".", self.pgid_file, "env", *env, *self.command.argv)
+                      self.command.cwd or ".", self.pgid_path,
+                      posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
+                      "env", *env, *self.command.argv)
         self.promise = self.connection().run(
             line, asynchronous=True, hide=True, warn=True, pty=False, in_stream=False,
             out_stream=self._out, err_stream=self._err)
@@ -176,7 +191,7 @@ class SshNodeProcess:
     def signal(self, sig: int) -> None:
         """Signal the node's process group by the id it recorded: never by name."""
         name = signals.Signals(sig).name.removeprefix("SIG")
-        pgid_file = posixpath.join(self.command.cwd or ".", self.pgid_file)
+        pgid_file = posixpath.join(self.command.cwd or ".", self.pgid_path)
         line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
         for attempt in range(2):
             try:
@@ -205,12 +220,20 @@ class SshNodeProcess:
     def heartbeats(self) -> list[dict[str, Any]]:
         return self._probe("heartbeats", self.command.run_dir, timeout=15)
 
+    def activity(self) -> dict[str, Any]:
+        return self._probe("activity", self.command.run_dir, "--stamp", self.stamp,
+                           "--node", self.name, timeout=15)
+
     def dump_ranks(self, timeout: float) -> dict[str, Any]:
         return self._probe("dump", self.command.run_dir, "--stamp", self.stamp, "--timeout",
-                           f"{timeout:g}", timeout=3 * timeout + 15)
+                           f"{timeout:g}", "--node", self.name, timeout=3 * timeout + 15)
 
     def kill_ranks(self, pids: list[int]) -> dict[str, Any]:
         return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
+
+    def reap(self) -> dict[str, Any]:
+        """Every process of the run still on the node, killed (after its agent ended)."""
+        return self._probe("reap", "--stamp", self.stamp, "--node", self.name, timeout=30)
 
     def close(self) -> None:
         """Connections this process opened again (the original belongs to the backend)."""

@@ -8,9 +8,11 @@ from typing import Any, Callable
 
 from launcher.display import make_display
 from launcher.errors import RunFailed
+from launcher.execute.prepare import PrepareFailed
 from launcher.execute.recovery import Recovery
-from launcher.execute.supervisor import NodeProcess, Outcome, supervise
+from launcher.execute.supervisor import NodeExit, NodeProcess, Outcome, supervise
 from launcher.logs import LineRouter, failure_excerpt
+from launcher.progress import StepLines
 from launcher.plan import RunPlan
 from launcher.runfolder import RunFolder
 
@@ -21,16 +23,29 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+# What the bundled trainer reports of itself (result.json of the node that held rank 0): only
+# a trainer run's summary has these keys; a user's own job gets what launch measured itself.
+TRAINER_FACTS = ("steps", "images_per_sec", "step_time_s", "final_loss", "eval_accuracy",
+                 "train_time_s", "comm_share", "comm_wait_s", "compute_s", "tx_bytes_per_step",
+                 # Which interface counter each figure comes from; nodes sharing one (local
+                 # nodes on loopback) are one entry, counted once.
+                 "tx_counters", "checkpoint", "ddp", "auto",
+                 # Ranks whose own compute held every step back (train/stragglers.py), and
+                 # every rank's medians: busy time split into compute, data wait and exposed
+                 # communication wait.
+                 "stragglers", "rank_times")
+
+
 def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: str,
-                  finished: str, tails: dict[str, list[str]]) -> dict[str, Any]:
-    names = [n.name for n in plan.nodes]
-    rank0_node, result = folder.trainer_result(names)
+                  finished: str, tails: dict[str, list[str]],
+                  progress: dict[str, Any] | None = None) -> dict[str, Any]:
     exits = {e.name: e for e in outcome.nodes}
     summary: dict[str, Any] = {
         "run_id": plan.run_id,
-        "status": "succeeded" if outcome.status == "succeeded" else "failed",
+        "status": outcome.status,
         "recipe": plan.recipe_name,
         "recipe_file": plan.recipe_source,
+        "job": plan.job.to_json(),
         "nnodes": plan.nnodes,
         "nproc_per_node": plan.nproc_per_node,
         "world_size": plan.world_size,
@@ -47,32 +62,21 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "restarts": outcome.recovery.get("restarts", []),
         "restarts_allowed": plan.recovery.restarts,
         "hang": outcome.recovery.get("hang"),
-        "rank0_node": rank0_node,
-        "steps": result.get("steps"),
-        "images_per_sec": result.get("images_per_sec"),
-        "step_time_s": result.get("step_time_s"),
-        "final_loss": result.get("final_loss"),
-        "eval_accuracy": result.get("eval_accuracy"),
-        "train_time_s": result.get("train_time_s"),
-        "comm_share": result.get("comm_share"),
-        "comm_wait_s": result.get("comm_wait_s"),
-        "compute_s": result.get("compute_s"),
-        "tx_bytes_per_step": result.get("tx_bytes_per_step"),
-        # Which interface counter each figure comes from; nodes sharing one (local nodes on
-        # loopback) are one entry, counted once.
-        "tx_counters": result.get("tx_counters"),
-        "checkpoint": result.get("checkpoint"),
-        "ddp": result.get("ddp"),
-        "auto": result.get("auto"),
-        # Ranks whose own compute held every step back (train/stragglers.py), and every rank's
-        # medians: busy time split into compute, data wait and exposed communication wait.
-        "stragglers": result.get("stragglers"),
-        "rank_times": result.get("rank_times"),
+    }
+    if plan.job.is_trainer:
+        rank0_node, result = folder.trainer_result([n.name for n in plan.nodes])
+        summary["rank0_node"] = rank0_node
+        summary.update({key: result.get(key) for key in TRAINER_FACTS})
+    else:
+        # Steps, loss and per-rank busy time exist only when the job printed LAUNCH_STEP lines
+        # (docs/jobs.md): launch invents none of them.
+        summary["progress"] = progress
+    summary.update({
         "started_at": started,
         "finished_at": finished,
         "duration_s": round(outcome.duration_s, 3),
         "run_dir": str(folder.root),
-    }
+    })
     if outcome.status != "succeeded":
         summary["failure"] = {
             "reason": outcome.reason,
@@ -90,30 +94,50 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  display=None, after: Callable[[], None] | None = None,
                  grace_s: float = 5.0, store: NodeProcess | None = None,
                  services: list[NodeProcess] = (),
-                 extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 extra: Callable[[], dict[str, Any]] | None = None,
+                 prepare: Callable[..., None] | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
-    returns the summary, or raises RunFailed after writing it. `extra` adds the backend's own
-    facts to the summary once `after` has run (Slurm: the job id and its final state)."""
+    returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
+    folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
+    PrepareFailed fails the run before any node starts. `extra` adds the backend's own facts
+    to the summary once `after` has run (Slurm: the job id and its final state)."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
-    folder.keep_recipe(plan.recipe_source)
+    folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
-                        plan.recovery.restart_deadline_s, folder.root)
-    router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display)
+                        plan.recovery.restart_deadline_s, folder.root,
+                        user_job=plan.job.kind in ("script", "module", "command"),
+                        restart_together=not plan.job.uses_torchrun)
+    steps = StepLines()
+    if not plan.job.is_trainer:
+        steps.record_to(folder.root, plan.nodes[0].name)
+    router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display,
+                        steps=steps)
+    recovery.steps = steps
     started = _now()
-    display.message(f"run {plan.run_id}: {plan.nnodes} node(s), world size {plan.world_size}; "
-                    f"logs in {folder.root}")
+    what = (f"world size {plan.world_size}" if plan.job.uses_torchrun
+            else "your command on each")
+    display.message(f"run {plan.run_id}: {plan.nnodes} node(s), {what}; logs in {folder.root}")
+    outcome = None
     try:
-        outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
-                            services=[*([store] if store else []), *services],
-                            recovery=recovery)
+        if prepare is not None:
+            try:
+                prepare(router, display.message, folder)
+            except PrepareFailed as err:
+                outcome = Outcome(status="failed", first_failure=err.node, reason=err.reason,
+                                  nodes=[NodeExit(n.name, started=False) for n in plan.nodes])
+        if outcome is None:
+            outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
+                                services=[*([store] if store else []), *services],
+                                recovery=recovery)
     finally:
         display.close()
         router.close()
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
-    summary = build_summary(plan, outcome, folder, started, _now(), tails)
+    summary = build_summary(plan, outcome, folder, started, _now(), tails,
+                            progress=steps.summary())
     if extra is not None:
         summary.update(extra())
     try:  # a run folder made read-only or full must not hide the run's outcome
@@ -123,29 +147,27 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         display.message(f"warning: could not write the summary in {folder.root}: "
                         f"{err.strerror or err}")
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
-        from launcher.report import print_run_report
+        from launcher.report import print_run_report, write_run_report
 
-        print_run_report(folder.root)
+        if outcome.status == "interrupted":
+            write_run_report(folder.root)   # kept, not shown: no advice after a Ctrl-C
+        else:
+            print_run_report(folder.root)
     except Exception as err:  # noqa: BLE001
         display.message(f"warning: no run report ({type(err).__name__}: {err}); "
                         f"`launch report {folder.root}` retries it")
     if outcome.status == "succeeded":
-        acc = summary["eval_accuracy"]
-        trained = "" if summary["steps"] is None else (
-            f": {summary['steps']} steps, final loss {summary['final_loss']}, "
-            f"{summary['images_per_sec']} img/s"
-            + (f", held-out accuracy {acc:.4f}" if acc is not None else ""))
         restarts = len(summary["restarts"])
-        after = f" after {restarts} restart(s)" if restarts else ""
-        display.message(f"run {plan.run_id} succeeded{after}{trained}; summary in "
-                        f"{folder.root / 'summary.json'}")
+        after_restarts = f" after {restarts} restart(s)" if restarts else ""
+        display.message(f"run {plan.run_id} succeeded{after_restarts}{_outcome_facts(summary)}"
+                        f"; summary in {folder.root / 'summary.json'}")
         return summary
     failed = outcome.first_failure
     lines = [f"run {plan.run_id} {outcome.status}: {outcome.reason}."]
     hang = summary["hang"]
     if hang is not None and hang["action"] == "stop":
         lines.append(f"stacks of every rank: {folder.root / 'hang'}/ (summary.json `hang`)")
-    if failed and failed in tails:
+    if failed and failed in tails and tails[failed] and outcome.status != "interrupted":
         lines.append(f"last lines of node {failed}, its workers' own error first (full log: "
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
@@ -154,3 +176,21 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)
+
+
+def _outcome_facts(summary: dict[str, Any]) -> str:
+    """What the run achieved, in the words of the job: the trainer's numbers, or the steps a
+    user's job reported (none when it reported none)."""
+    if "steps" in summary:   # the bundled trainer
+        if summary["steps"] is None:
+            return ""
+        acc = summary["eval_accuracy"]
+        return (f": {summary['steps']} steps, final loss {summary['final_loss']}, "
+                f"{summary['images_per_sec']} img/s"
+                + (f", held-out accuracy {acc:.4f}" if acc is not None else ""))
+    progress = summary.get("progress") or {}
+    if progress.get("step") is None:
+        return ""
+    loss = progress.get("loss")
+    return f": reached step {progress['step']}" + (f", last loss {loss:g}" if loss is not None
+                                                   else "")

@@ -11,7 +11,6 @@ every node.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import signal
 import threading
 import time
@@ -270,17 +269,25 @@ def _interrupted_exit(signum: int) -> int:
     return 130 if signum == signal.SIGINT else 128 + signum
 
 
-def run_job(job: SlurmJob, options: LaunchOptions, recipe_file: str | None) -> dict[str, Any]:
-    """Prepare the run folder, submit, follow the job to its end; the summary, or RunFailed
-    (logs kept) / SlurmError (exit 2: the job could not run at all)."""
+def run_job(job: SlurmJob, options: LaunchOptions, recipe_file: str | None,
+            recipe_text: str | None = None) -> dict[str, Any]:
+    """Prepare the run folder, stage the workdir once on the shared filesystem, submit, follow
+    the job to its end; the summary, or RunFailed (logs kept) / SlurmError (exit 2: the job
+    could not run at all)."""
     folder = RunFolder.create(Path(job.run_dir).parent, job.run_id)
     display = options.display or make_display()
     note = shared_filesystem_note(folder.root)
     if note:
         display.message(f"note: {note}")
     folder.write_json("code.json", snapshot_code(trainer_code_dir(), folder.root / "code"))
-    if recipe_file:
-        shutil.copyfile(recipe_file, folder.root / "recipe.yml")
+    folder.keep_recipe(recipe_file or "", recipe_text)
+    if job.workdir is not None:
+        from launcher.workdir_sync import ship_local
+
+        stats = ship_local(job.workdir, Path(str(job.node.cwd)))
+        display.message(f"workdir {job.workdir.root}: {stats.files_sent} of "
+                        f"{stats.files_total} file(s) shipped to {job.node.cwd}, which every "
+                        "node reads")
     (folder.root / SCRIPT_NAME).write_text(job.script())
     slurm_doc: dict[str, Any] = {"sbatch": job.sbatch_argv(), "script": SCRIPT_NAME}
     with _StopRequest() as stop:

@@ -135,6 +135,9 @@ class Recovering(Protocol):
     def hang(self) -> tuple[Any, bool, list[str]] | None: ...
     def trouble(self) -> tuple[str, str] | None: ...
     def restarted(self) -> None: ...
+    def closed(self) -> None: ...
+    def attempts(self) -> int: ...
+    restart_together: bool
     def stop(self) -> dict[str, Any]: ...
 
 
@@ -180,6 +183,8 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         for p in procs:
             if exits[p.name].exit_code is None:
                 exits[p.name].stopped_by_launch = True
+                # Its agent's report of the SIGTERM (a traceback) is no news: log only.
+                router.mute(p.name)
                 p.signal(signal.SIGTERM)
 
     def blame() -> str:
@@ -204,10 +209,32 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         readers.append(t)
         return t
 
+    def restart_all(why: str) -> tuple[str | None, str | None]:
+        """A job that brought its own launcher (a command) is restarted whole: every node
+        stopped (SIGTERM, SIGKILL after the grace period), then every node started again with
+        the next LAUNCH_ATTEMPT. Returns (why it could not be, the node)."""
+        notify(f"restarting every node ({why})")
+        running = [p for p in procs if p.poll() is None]
+        for p in running:
+            router.mute(p.name)
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        for p in procs:
+            router.unmute(p.name)
+            problem = restart(p, "with the others")
+            if problem is not None:
+                return problem, p.name
+        recovery.closed()
+        return None, None
+
     def restart_after_hang(report) -> tuple[str | None, str | None]:
         """Kill the stuck ranks (their node's torchrun starts its workers again, and the
         other nodes follow into a new rendezvous round); a node whose ranks cannot be killed
         that way gets its agent restarted."""
+        if recovery.restart_together:
+            return restart_all("after the hang")
         by_name = {p.name: p for p in procs}
         targets = report.pids_to_restart() or {name: [] for name in by_name}
         for name, pids in targets.items():
@@ -232,12 +259,16 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
         """The node's agent again on the same host: what is left of the old one is killed
         (by its process group), then it is started, retried until the restart deadline (its
         peers wait that long in the rendezvous). Returns why it could not be."""
-        notify(f"restarting node {p.name} ({why}); the other nodes wait in the rendezvous")
+        if not recovery.restart_together:
+            notify(f"restarting node {p.name} ({why}); the other nodes wait in the rendezvous")
         p.signal(signal.SIGKILL)
         gone_by = time.monotonic() + grace_s + 5.0
         while p.poll() is None and time.monotonic() < gone_by:
             time.sleep(poll_s)
         give_up_at = time.monotonic() + recovery.restart_deadline_s
+        # LAUNCH_ATTEMPT of the restarted node: the run's restarts so far (its peers count
+        # theirs through torchrun's restart count, train/worker.py).
+        p.attempt_offset = recovery.attempts()
         while True:
             try:
                 p.start()
@@ -313,10 +344,14 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                         and settle_until is None and request.signum is None
                         and not any(e.exit_code == 0 for e in exits.values())
                         and recovery.node_failed(p.name, code)):
-                    problem = restart(p, f"its agent {describe_exit(code)}")
+                    why = f"node {p.name} {describe_exit(code)}"
+                    if recovery.restart_together:
+                        problem, where = restart_all(why)
+                    else:
+                        problem, where = restart(p, f"its agent {describe_exit(code)}"), p.name
                     if problem is None:
                         continue
-                    first_failure, status, reason = p.name, "failed", problem
+                    first_failure, status, reason = where, "failed", problem
                     begin_stop(f"{reason}; stopping all nodes")
                 node.exit_code = code
                 if code != 0 and stop_at is None:

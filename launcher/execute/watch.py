@@ -20,6 +20,13 @@ from typing import Any, Protocol
 
 HANG_FLOOR_S = 300.0     # the default timeout is never shorter (a slow first step, an eval)
 HANG_STEP_FACTOR = 20.0  # ... and otherwise 20x the median step after warm-up
+# A user's job that reports no steps: its silences are of unknown length (a long evaluation,
+# a download), so the default waits longer before calling it hung.
+USER_HANG_FLOOR_S = 900.0
+# A process using at least this share of one core between two looks is computing: a job that
+# computes silently is not hung. A rank asleep in a loop, or blocked in a collective waiting
+# for one, uses almost none (NCCL busy-polls on GPUs: there its own watchdog is the backstop).
+CPU_BUSY = 0.10
 
 
 class Watched(Protocol):
@@ -29,6 +36,7 @@ class Watched(Protocol):
     name: str
 
     def heartbeats(self) -> list[dict[str, Any]]: ...
+    def activity(self) -> dict[str, Any]: ...
     def dump_ranks(self, timeout: float) -> dict[str, Any]: ...
     def kill_ranks(self, pids: list[int]) -> dict[str, Any]: ...
 
@@ -90,7 +98,70 @@ class ProgressClock:
         self._before_restart |= {mark[0] for mark in self._seen.values()}
 
 
-def poll_interval(clock: ProgressClock) -> float:
+class ActivityClock:
+    """A user's job, which writes no heartbeat: progress is a new line of a worker's output,
+    a LAUNCH_STEP line (launcher/progress.py), or a job process that used CPU since the last
+    look (train/node_probe.py activity). Armed once the job's processes run (torchrun's
+    workers: the rendezvous has its own timeout); a restart disarms it until new ones run."""
+
+    def __init__(self, timeout_s: float | None, now: float, steps):
+        self.timeout_s = timeout_s
+        self.last_change = now
+        self.armed = False
+        self.finished = False
+        self.steps = steps
+        self._output = steps.last_output if steps is not None else None
+        self._cpu: dict[tuple[str, int], tuple[int, float]] = {}
+        self._before_restart: set[tuple[str, int]] = set()
+
+    @property
+    def median_step_s(self) -> float | None:
+        return self.steps.median_step_s() if self.steps is not None else None
+
+    def observe(self, activity: dict[str, dict[str, Any]], now: float) -> None:
+        progressed = False
+        output = self.steps.last_output if self.steps is not None else None
+        if output is not None and output != self._output:
+            self._output, progressed = output, True
+        for node, answer in activity.items():
+            per_s = float(answer.get("ticks_per_s") or 100)
+            for proc in answer.get("procs", []):
+                if proc.get("agent"):
+                    continue
+                key = (node, int(proc["pid"]))
+                if key not in self._before_restart and (proc.get("rank") is not None
+                                                        or not any(p.get("agent") for p in
+                                                                   answer["procs"])):
+                    self.armed = True
+                ticks = int(proc.get("cpu_ticks") or 0)
+                before = self._cpu.get(key)
+                self._cpu[key] = (ticks, now)
+                if before is not None and now > before[1] and \
+                        (ticks - before[0]) / per_s / (now - before[1]) >= CPU_BUSY:
+                    progressed = True
+        if progressed:
+            self.last_change = now
+
+    def threshold(self) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        median = self.median_step_s
+        if median:
+            return max(HANG_FLOOR_S, HANG_STEP_FACTOR * median)
+        return USER_HANG_FLOOR_S
+
+    def idle_for(self, now: float) -> float:
+        return now - self.last_change
+
+    def stalled(self, now: float) -> bool:
+        return self.armed and self.idle_for(now) >= self.threshold()
+
+    def restart(self, now: float) -> None:
+        self.last_change, self.armed = now, False
+        self._before_restart |= set(self._cpu)
+
+
+def poll_interval(clock: ProgressClock | ActivityClock) -> float:
     """Often enough to notice within a tenth of the timeout; at most every 2 s (an SSH node
     is asked over its connection each time), at least every 0.5 s."""
     return min(2.0, max(0.5, clock.threshold() / 10.0))
@@ -103,10 +174,14 @@ class HangWatch:
 
     def __init__(self, procs: list[Watched], timeout_s: float | None,
                  investigate: Callable[[list[Watched], float, float], Any],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, steps=None,
+                 user_job: bool = False):
         self.procs = procs
         self.now = clock
-        self.clock = ProgressClock(timeout_s, clock())
+        self.user_job = user_job
+        self.clock: ProgressClock | ActivityClock = (
+            ActivityClock(timeout_s, clock(), steps) if user_job
+            else ProgressClock(timeout_s, clock()))
         self.investigate = investigate
         self._found: Any = None
         self._paused = False
@@ -138,11 +213,11 @@ class HangWatch:
             self.clock.restart(self.now())
             self._paused = False
 
-    def _read(self) -> dict[str, list[dict[str, Any]]]:
+    def _read(self) -> dict[str, Any]:
         """Every node at once (over SSH each answer is a remote command)."""
-        def ask(proc: Watched) -> list[dict[str, Any]] | None:
+        def ask(proc: Watched) -> Any:
             try:
-                return proc.heartbeats()
+                return proc.activity() if self.user_job else proc.heartbeats()
             except Exception:  # noqa: BLE001 (a node that cannot be asked shows no progress)
                 return None
 

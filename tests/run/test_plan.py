@@ -53,12 +53,15 @@ def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
         "--rdzv-conf", "is_host=0,join_timeout=300",
         "--local-addr", f"10.0.0.{node_index + 1}", "--max-restarts", "0",
         "--tee", "3", "--log-dir", f"/srv/run/gpu{node_index}/torchrun",
+        # Every rank starts in launch's worker entry, which then becomes the trainer (exec).
+        "/srv/run/code/train/worker.py", "script",
         "/srv/run/code/train/main.py", *TRAINER_ARGS, "--out-dir", f"/srv/run/gpu{node_index}",
     ]
 
 
-def expected_env(node_index: int, omp: str | None, gpus: int = 0) -> dict[str, str]:
-    env = {"LAUNCH_RUN_ID": "run-7", "LAUNCH_NODE": f"gpu{node_index}", "PYTHONUNBUFFERED": "1"}
+def expected_env(node_index: int, omp: str | None, gpus: int = 0, n: int = 1) -> dict[str, str]:
+    env = {"LAUNCH_RUN_ID": "run-7", "LAUNCH_NODE": f"gpu{node_index}", "PYTHONUNBUFFERED": "1",
+           "LAUNCH_PYTHON": "/opt/launch/venv/bin/python"}
     if omp:
         env["OMP_NUM_THREADS"] = omp
     env.update({
@@ -73,6 +76,13 @@ def expected_env(node_index: int, omp: str | None, gpus: int = 0) -> dict[str, s
             "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"/srv/run/gpu{node_index}/hang/nccl-trace.rank",
         })
     env["TORCH_SHOW_CPP_STACKTRACES"] = "1"
+    # Where the other nodes are (docs/jobs.md), and the run's attempt.
+    env.update({
+        "LAUNCH_NODE_RANK": str(node_index), "LAUNCH_NUM_NODES": str(n),
+        "LAUNCH_NODE_ADDRS": ",".join(f"10.0.0.{i + 1}" for i in range(n)),
+        "LAUNCH_HEAD_ADDR": "10.0.0.1", "LAUNCH_RDZV_PORT": "29400",
+        "LAUNCH_GPUS_PER_NODE": str(gpus), "LAUNCH_ATTEMPT": "0",
+    })
     return env
 
 
@@ -88,7 +98,7 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
     assert [c.is_head for c in plan.nodes] == [True] + [False] * (n - 1)
     for i, command in enumerate(plan.nodes):
         assert list(command.argv) == expected_argv(n, nproc, i)
-        assert command.env == expected_env(i, omp, gpus)
+        assert command.env == expected_env(i, omp, gpus, n)
         assert list(command.probe) == ["/opt/launch/venv/bin/python",
                                        "/srv/run/code/train/node_probe.py"]
     assert plan.recovery.restarts == 0 and plan.recovery.hang_timeout_s is None

@@ -93,7 +93,8 @@ def test_rejected_with_key_path(tmp_path, data, key, words):
 
 
 def test_missing_required_train_block(tmp_path):
-    with pytest.raises(RecipeError, match=r"train: required key is missing"):
+    with pytest.raises(RecipeError, match=r"set exactly one of job \(your own script, module or "
+                                          r"command\) or train \(the bundled ViT trainer\)"):
         load_recipe(write(tmp_path, {"name": "x"}))
 
 

@@ -48,22 +48,26 @@ EXPECTED_SCRIPT = r"""#!/bin/bash
 set -u
 
 # One node: its address is the source address of its route to the head, its interface the one
-# holding that address (GLOO/NCCL_SOCKET_IFNAME); its agent runs in the node's own folder.
+# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its job
+# runs in that folder.
 run_node() {
-  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped=
-  mkdir -p /shared/home/ada/runs/golden-1/"$node" && cd /shared/home/ada/runs/golden-1/"$node" || exit 1
-  exec >agent.out 2>&1
+  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped= dir
+  local node_rank=$SLURM_NODEID
+  dir=/shared/home/ada/runs/golden-1/"$node"
+  mkdir -p "$dir" && cd "$dir" || exit 1
+  exec >"$dir"/agent.out 2>&1
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \([^ ]*\).*/\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{sub(/@.*/, "", $2); print $2; exit}')
   if [ -z "$addr" ] || [ -z "$iface" ]; then
     echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
-    echo 1 >exit_code
+    echo 1 >"$dir"/exit_code
     exit 1
   fi
   # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
   omp_threads=$(( ${SLURM_CPUS_ON_NODE:-1} / 8 ))
   [ "$omp_threads" -ge 1 ] || omp_threads=1
   echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
+  PATH=/shared/venv/bin:$PATH; export PATH
   # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
   # workers, or Slurm would count the node done while they still run; a node stopped so
   # records -15 (SIGTERM), one that ended by itself its agent's exit code.
@@ -72,16 +76,25 @@ run_node() {
     LAUNCH_RUN_ID=golden-1 \
     LAUNCH_NODE="${node}" \
     PYTHONUNBUFFERED=1 \
+    LAUNCH_PYTHON=/shared/venv/bin/python \
     NCCL_DEBUG=INFO \
-    NCCL_DEBUG_FILE=./nccl-debug.%h.%p.log \
+    NCCL_DEBUG_FILE=/shared/home/ada/runs/golden-1/"${node}"/nccl-debug.%h.%p.log \
     GLOO_SOCKET_IFNAME="${iface}" \
     NCCL_SOCKET_IFNAME="${iface}" \
     TORCH_NCCL_TRACE_BUFFER_SIZE=2000 \
     TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE=./hang/nccl-trace.rank \
-    TORCH_NCCL_DEBUG_INFO_PIPE_FILE=./hang/nccl-trace.rank \
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/shared/home/ada/runs/golden-1/"${node}"/hang/nccl-trace.rank \
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/shared/home/ada/runs/golden-1/"${node}"/hang/nccl-trace.rank \
+    LAUNCH_CHECKPOINT_DIR=/shared/home/ada/runs/golden-1/checkpoints \
     OMP_NUM_THREADS="${omp_threads}" \
     'NOTE=it'"'"'s $(here)' \
+    LAUNCH_NODE_RANK="${node_rank}" \
+    LAUNCH_NUM_NODES=2 \
+    LAUNCH_NODE_ADDRS="${node_addrs}" \
+    LAUNCH_HEAD_ADDR="${head_addr}" \
+    LAUNCH_RDZV_PORT=29400 \
+    LAUNCH_GPUS_PER_NODE=8 \
+    LAUNCH_ATTEMPT=0 \
     /shared/venv/bin/python -m torch.distributed.run \
     --nnodes 2 \
     --nproc-per-node 8 \
@@ -92,10 +105,10 @@ run_node() {
     --local-addr "${addr}" \
     --max-restarts 0 \
     --tee 3 \
-    --log-dir ./torchrun \
-    ../code/train/bench.py \
+    --log-dir /shared/home/ada/runs/golden-1/"${node}"/torchrun \
+    /shared/home/ada/runs/golden-1/code/train/bench.py \
     --op all_reduce \
-    --out-dir . &
+    --out-dir /shared/home/ada/runs/golden-1/"${node}" &
   agent=$!
   while :; do
     wait "$agent"
@@ -103,19 +116,29 @@ run_node() {
     kill -0 "$agent" 2>/dev/null || break
   done
   [ -z "$stopped" ] || code=-15
-  echo "$code" >exit_code
+  echo "$code" >"$dir"/exit_code
   exit "$code"
 }
 export -f run_node
 
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-head_addr=$(scontrol show node -o "$head" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 # NodeAddr may be a name: the store and the agents want the address.
-head_addr=$(getent ahostsv4 "$head_addr" | awk 'NR == 1 {print $1}')
+node_address() {
+  local addr
+  addr=$(scontrol show node -o "$1" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+  getent ahostsv4 "$addr" | awk 'NR == 1 {print $1}'
+}
+head_addr=$(node_address "$head")
 if [ -z "$head_addr" ]; then
   echo "launch: no IPv4 address for the head node $head (its NodeAddr in scontrol show node)"
   exit 1
 fi
+# Every node's address, head first (LAUNCH_NODE_ADDRS).
+node_addrs=
+for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+  node_addrs=${node_addrs:+$node_addrs,}$(node_address "$name")
+done
+export node_addrs
 echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
 
 # The rendezvous store, a process of its own on the head: no agent's exit can take the
@@ -129,7 +152,7 @@ mkdir -p /shared/home/ada/runs/golden-1/"$head" || exit 1
     LAUNCH_NODE="${node}" \
     PYTHONUNBUFFERED=1 \
     /shared/venv/bin/python \
-    ../code/train/rdzv_store.py \
+    /shared/home/ada/runs/golden-1/code/train/rdzv_store.py \
     --host "${head_addr}" \
     --port 29400
 ) >/shared/home/ada/runs/golden-1/"$head"/store.out 2>&1 &
@@ -428,7 +451,8 @@ def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, templ
     printer.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
                        "printf 'NOTE=%s\\0' \"$NOTE\"\n")
     printer.chmod(0o755)
-    probe = probe.replace(doc["node"]["argv"][0], str(printer), 1)
+    # The program, not the same word in a value (LAUNCH_PYTHON names the interpreter too).
+    probe = probe.replace(f"    {doc['node']['argv'][0]} -m", f"    {printer} -m", 1)
     out = subprocess.run(["bash", "-c", f"node=n0 iface=eth0 addr=10.0.0.2 head_addr=10.0.0.1 "
                                         f"omp_threads=1\n{probe}"],
                          capture_output=True, cwd=tmp_path)

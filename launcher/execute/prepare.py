@@ -1,0 +1,224 @@
+"""Before the job starts: the workdir shipped to every node and its setup commands run there.
+
+Both happen inside the run (its folder exists, its log takes their lines), so that a failing
+setup is a failed run like any other: the node is named, its last lines shown, its whole
+output kept in `<run>/<node>/setup.log` and in the node's log, and no job starts.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.jobsetup import SETUP_LOG, setup_argv, setup_key
+from launcher.plan import NodeCommand, RunPlan
+
+SETUP_LABEL = "setup"
+
+
+class PrepareFailed(LauncherError):
+    """A node could not be prepared (workdir, setup): the run fails before its job starts."""
+
+    exit_code = 1
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(reason)
+        self.node, self.reason = node, reason
+
+
+def path_with(python: str, path: str | None) -> str:
+    """PATH with the node's interpreter's folder first: `python`, `pip` and the tools installed
+    beside it (torchrun, deepspeed) are the ones the job's own commands find."""
+    folder = os.path.dirname(python)
+    parts = [p for p in (path or os.defpath).split(":") if p]
+    return ":".join([folder, *[p for p in parts if p != folder]]) if folder else ":".join(parts)
+
+
+class SetupLog:
+    """One node's setup output: to its setup.log and, line by line, to the run's router."""
+
+    def __init__(self, folder_node_dir: Path, node: str, line: Callable[..., None]):
+        folder_node_dir.mkdir(parents=True, exist_ok=True)
+        self.path = folder_node_dir / SETUP_LOG
+        self.node, self._line = node, line
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self.tail: list[str] = []
+        self._lock = threading.Lock()   # stdout and stderr arrive from two threads
+
+    def line(self, text: str) -> None:
+        text = text.rstrip("\r\n")
+        with self._lock:
+            self._file.write(text + "\n")
+            self.tail = [*self.tail[-39:], text]
+        self._line(self.node, text, label=SETUP_LABEL)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def failure(self, code: int | None) -> PrepareFailed:
+        last = "\n".join(f"  {line}" for line in self.tail[-15:]) or "  (no output)"
+        how = "could not be run" if code is None else f"failed with exit code {code}"
+        return PrepareFailed(self.node, f"setup on node {self.node} {how}; its last lines "
+                                        f"(all of them in {self.path}):\n{last}")
+
+
+def setup_env(command: NodeCommand) -> dict[str, str]:
+    """The job's environment for its setup commands (PATH with the node's Python first)."""
+    env = dict(command.env)
+    python = env.get("LAUNCH_PYTHON", "")
+    env["PATH"] = path_with(python, os.environ.get("PATH"))
+    return env
+
+
+def run_local_setup(plan: RunPlan, digest: str | None, log: SetupLog) -> None:
+    """The setup commands on this machine (the local nodes share one workdir: once)."""
+    head = plan.nodes[0]
+    argv = setup_argv(setup_key(digest, plan.job.setup), plan.job.setup)
+    try:
+        proc = subprocess.Popen(argv, cwd=head.cwd, env={**os.environ, **setup_env(head)},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)
+    except OSError as err:
+        log.line(f"launch: {err}")
+        raise log.failure(None) from None
+    assert proc.stdout is not None
+    try:
+        for text in proc.stdout:
+            log.line(text)
+        code = proc.wait()
+    except BaseException:
+        # Ctrl-C while setup runs: setup stops with launch (its own session, so by group).
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+    if code != 0:
+        raise log.failure(code)
+
+
+def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> None:
+    """fn(name) for every node at once; the first node's PrepareFailed (in node order) is
+    raised once all have ended, any other error as a PrepareFailed naming its node."""
+    names = list(names)
+    errors: dict[str, BaseException] = {}
+
+    def one(name: str) -> None:
+        try:
+            fn(name)
+        except BaseException as err:  # noqa: BLE001 (reported per node below)
+            errors[name] = err
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in names:
+        err = errors.get(name)
+        if isinstance(err, PrepareFailed):
+            raise err
+        if err is not None:
+            raise PrepareFailed(name, f"node {name} could not be prepared: "
+                                      f"{type(err).__name__}: {err}")
+
+
+def prepare_local(plan: RunPlan, manifest) -> Callable | None:
+    """What a local run does before its job: ship the workdir into this machine's copy, run
+    setup there once. None when there is nothing to do."""
+    job = plan.job
+    if manifest is None and not job.setup:
+        return None
+
+    def prepare(router, notify: Callable[[str], None], folder) -> None:
+        head = plan.nodes[0]
+        if manifest is not None:
+            from launcher.workdir_sync import ship_local
+
+            try:
+                stats = ship_local(manifest, Path(str(head.cwd)))
+            except LauncherError as err:
+                raise PrepareFailed(head.name, f"the workdir could not be shipped: {err}"
+                                    ) from None
+            notify(f"workdir {manifest.root}: {stats.files_sent} of {stats.files_total} "
+                   f"file(s) shipped to {head.cwd}")
+        if job.setup:
+            log = SetupLog(folder.node_dir(head.name), head.name, router.line)
+            try:
+                run_local_setup(plan, manifest.digest if manifest is not None else None, log)
+            finally:
+                log.close()
+
+    return prepare
+
+
+class _LineSink:
+    """A file-like sink for fabric's output threads that hands out whole lines."""
+
+    def __init__(self, line: Callable[[str], None]):
+        self._line, self._partial = line, ""
+
+    def write(self, data: str) -> None:
+        self._partial += data
+        *lines, self._partial = self._partial.split("\n")
+        for text in lines:
+            self._line(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+
+
+def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
+    """What an SSH run does before its job, the workdir being shipped by preflight already:
+    setup on every node at once, over the node's connection, started like a node agent (its
+    own session, ended with the connection: launcher/execute/remote_agent.py START_SCRIPT)."""
+    job = plan.job
+    if not job.setup:
+        return None
+    from launcher.execute.remote_agent import START_SCRIPT
+    from launcher.runfolder import STAMP_ENV
+    from launcher.ssh import remote
+
+    key = setup_key(manifest.digest if manifest is not None else None, job.setup)
+    commands = {c.name: c for c in plan.nodes}
+
+    def prepare(router, notify: Callable[[str], None], folder) -> None:
+        def one(name: str) -> None:
+            command, proc = commands[name], procs[name]
+            log = SetupLog(folder.node_dir(name), name, router.line)
+            env = {**command.env, STAMP_ENV: folder.stamp}
+            line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-setup",
+                          command.cwd or ".", posixpath.join(command.run_dir,
+                                                             "launch-setup.pgid"),
+                          posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
+                          "env", *[f"{k}={v}" for k, v in env.items()],
+                          *setup_argv(key, job.setup))
+            out, err = _LineSink(log.line), _LineSink(log.line)
+            try:
+                result = proc.connection().run(line, hide=True, warn=True, pty=False,
+                                               in_stream=False, out_stream=out,
+                                               err_stream=err)
+                out.close()
+                err.close()
+                if result.exited != 0:
+                    raise log.failure(result.exited)
+            finally:
+                log.close()
+
+        notify(f"setup on {len(commands)} node(s): {len(job.setup)} command(s)")
+        in_parallel_or_raise(one, commands)
+
+    return prepare
