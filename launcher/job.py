@@ -17,11 +17,13 @@ first on PYTHONPATH, ties the rank's life to its agent, and then becomes the use
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import LauncherError
 from launcher.recipe import Recipe
 
 KINDS = ("script", "module", "command", "trainer", "workload")
@@ -92,6 +94,36 @@ def job_of(recipe: Recipe) -> Job:
     if spec.module is not None:
         return Job("module", spec.module, tuple(spec.args), workdir, setup)
     return Job("script", spec.script, tuple(spec.args), workdir, setup)
+
+
+class JobError(LauncherError):
+    """The job names something that is not there: refused before anything starts."""
+
+
+def check_target(job: Job, manifest: Any, source: str) -> None:
+    """A script or a module the shipped workdir must hold, looked up in its manifest (what is
+    shipped, not what is on this disk): a missing one, or one .gitignore leaves out, is named
+    now rather than by a rank's traceback on every node. A module that is not in the workdir
+    may be installed on the nodes: preflight looks there (launcher/preflight.py)."""
+    if manifest is None or job.kind not in ("script", "module") or \
+            str(job.target).startswith("/"):
+        return
+    shipped = {e.path for e in manifest.entries}
+    if job.kind == "script":
+        wanted = posixpath.normpath(str(job.target))
+        if wanted in shipped:
+            return
+        why = next((reason for path, reason in manifest.excluded if path == wanted), None)
+        raise JobError(f"{source}: job.script {job.target}: "
+                       + (f"left out of the shipped workdir ({why}): change that rule"
+                          if why else f"no such file in the workdir {manifest.root}"))
+
+
+def module_in_workdir(job: Job, manifest: Any) -> bool:
+    """Whether the module's top-level package or module is among the shipped files."""
+    top = str(job.target).split(".")[0]
+    return any(e.path == f"{top}.py" or e.path.startswith(f"{top}/")
+               for e in manifest.entries)
 
 
 def workdir_folder_name(local_workdir: str) -> str:

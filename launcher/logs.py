@@ -3,6 +3,7 @@ the last lines of each node (for failure messages) and progress for the display.
 
 from __future__ import annotations
 
+import queue
 import re
 import threading
 from collections import deque
@@ -69,13 +70,20 @@ class Display(Protocol):
     def close(self) -> None: ...
 
 
+DISPLAY_BACKLOG = 20_000   # lines the terminal may lag behind (a second or two of output)
+
+
 class LineRouter:
-    """Every line goes, as it arrives, to the node's log file and to the display (and the job's
-    lines to `steps`, launcher/progress.py). A node launch is stopping is muted: its lines
-    (torchrun's tracebacks about the SIGTERM launch sent) go to its log only."""
+    """Every line goes, as it arrives, to the node's log file, and the job's lines to `steps`
+    (launcher/progress.py); the terminal gets them from a thread of its own, through a queue
+    of DISPLAY_BACKLOG lines. When a rank prints faster than the terminal shows (100 MB as
+    fast as it can), the log still gets every line and the terminal skips what would put it
+    more than the backlog behind, and says how many it skipped. Messages are never skipped.
+    A node launch is stopping is muted: its lines (torchrun's tracebacks about the SIGTERM
+    launch sent) go to its log only."""
 
     def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200,
-                 steps=None):
+                 steps=None, backlog: int = DISPLAY_BACKLOG):
         self.display = display
         self.steps = steps
         self._files: dict[str, TextIO] = {}
@@ -85,7 +93,11 @@ class LineRouter:
         self._tail = {node: deque(maxlen=keep) for node in logs}
         self._muted: dict[str, int] = {}
         self._hidden_before: dict[str, int] = {}   # muted lines of earlier starts (restarts)
+        self._skipped: dict[str, int] = {}         # lines the terminal could not keep up with
         self._lock = threading.Lock()
+        self._shown: queue.Queue = queue.Queue(maxsize=backlog)
+        self._shower = threading.Thread(target=self._show, name="display", daemon=True)
+        self._shower.start()
 
     def line(self, node: str, raw: str, label: str | None = None) -> None:
         """One line of a node's output; `label` replaces the rank (e.g. "store")."""
@@ -98,14 +110,40 @@ class LineRouter:
             if node in self._muted:
                 self._muted[node] += 1
             else:
-                self.display.line(node, rank, text)
-                progress = parse_progress(text)
-                if progress:
-                    self.display.progress(progress)
+                try:
+                    self._shown.put_nowait(("line", node, rank, text))
+                except queue.Full:
+                    self._skipped[node] = self._skipped.get(node, 0) + 1
         if self.steps is not None and label is None:
             # torchrun's own lines too: a job's command may start workers without --tee, whose
             # lines then carry no rank prefix.
             self.steps.line(node, rank, text)
+
+    def message(self, text: str) -> None:
+        """launch's own line, in order with the nodes' lines on the terminal."""
+        self._shown.put(("message", text))
+
+    def _show(self) -> None:
+        while True:
+            item = self._shown.get()
+            if item is None:
+                return
+            if item[0] == "message":
+                self.display.message(item[1])
+                continue
+            _, node, rank, text = item
+            self.display.line(node, rank, text)
+            progress = parse_progress(text)
+            if progress:
+                self.display.progress(progress)
+            if self._shown.empty():
+                with self._lock:
+                    skipped, self._skipped = self._skipped, {}
+                if skipped:
+                    self.display.message(
+                        "the terminal could not keep up: " + ", ".join(
+                            f"{c} line(s) of {n} not shown here (all of them in "
+                            f"{self._files[n].name})" for n, c in skipped.items()))
 
     def mute(self, node: str) -> None:
         """From now on the node's lines go to its log only."""
@@ -116,21 +154,24 @@ class LineRouter:
         """The node starts again (a restart): its lines are news again."""
         with self._lock:
             hidden = self._muted.pop(node, 0)
-        if hidden:
-            self._hidden_before[node] = self._hidden_before.get(node, 0) + hidden
+            if hidden:
+                self._hidden_before[node] = self._hidden_before.get(node, 0) + hidden
 
     def tail(self, node: str, count: int = 20) -> list[str]:
         return list(self._tail[node])[-count:]
 
     def close(self) -> None:
+        """Every queued line shown, the skipped ones counted, the logs closed."""
         with self._lock:
             hidden = dict(self._hidden_before)
             for n, c in self._muted.items():
                 hidden[n] = hidden.get(n, 0) + c
             hidden = {n: c for n, c in hidden.items() if c}
         if hidden:
-            self.display.message(
-                "lines printed while launch stopped the nodes are in their logs only: "
-                + ", ".join(f"{n} {c} line(s) ({self._files[n].name})" for n, c in hidden.items()))
+            self.message("lines printed while launch stopped the nodes are in their logs only: "
+                         + ", ".join(f"{n} {c} line(s) ({self._files[n].name})"
+                                     for n, c in hidden.items()))
+        self._shown.put(None)
+        self._shower.join()
         for f in self._files.values():
             f.close()

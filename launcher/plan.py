@@ -315,7 +315,7 @@ def plan_run(
     rdzv_host: str | None = None,
     job: Job | None = None,
     workdir: Any = None,
-    attempt: int = 0,
+    attempt: int | str = 0,
     node_cluster_env: dict[str, str] | None = None,
 ) -> RunPlan:
     """One command per node; the first node is the head: the rendezvous store runs there.

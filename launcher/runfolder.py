@@ -135,15 +135,23 @@ class RunFolder:
         except (OSError, ValueError, AttributeError):
             return 1
 
-    def begin_attempt(self) -> int:
-        """Move the previous attempt's files to attempts/<n>/ and mark a new attempt, with a
-        new process stamp. Returns the new attempt's number."""
+    def begin_attempt(self, also: tuple[str, ...] = ()) -> int:
+        """Move the previous attempt's files (and those matching the `also` patterns, relative
+        to the folder: a backend's own, e.g. Slurm's per-node exit codes) to attempts/<n>/ and
+        mark a new attempt, with a new process stamp. Returns the new attempt's number."""
         previous = self.attempts()
         keep = self.root / "attempts" / str(previous)
         keep.mkdir(parents=True, exist_ok=True)
         for name in ATTEMPT_FILES:
             if (self.root / name).exists():
                 (self.root / name).replace(keep / name)
+        for pattern in also:
+            for path in sorted(self.root.glob(pattern)):
+                if path.is_file() and not path.is_symlink() and \
+                        path.relative_to(self.root).parts[0] != "attempts":
+                    target = keep / path.relative_to(self.root)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    path.replace(target)
         shutil.copy2(self.root / LAUNCH_FILE, keep / LAUNCH_FILE)
         uid = self.uid or self.new_uid()
         self.stamp = f"{self.root.name}.{secrets.token_hex(8)}"
@@ -169,12 +177,13 @@ class RunFolder:
 
     @classmethod
     def for_launch(cls, runs_dir: str | Path, run_id: str, resume: bool = False,
-                   uid: str | None = None) -> RunFolder:
-        """A new run folder, or (resume) the existing one with a new attempt begun."""
+                   uid: str | None = None, also: tuple[str, ...] = ()) -> RunFolder:
+        """A new run folder, or (resume) the existing one with a new attempt begun (`also`:
+        see begin_attempt)."""
         if not resume:
             return cls.create(runs_dir, run_id, uid)
         folder = cls.existing(runs_dir, run_id)
-        folder.begin_attempt()
+        folder.begin_attempt(also)
         return folder
 
     def keep_recipe(self, source: str, text: str | None = None) -> None:

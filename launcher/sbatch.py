@@ -24,7 +24,7 @@ from typing import Any
 
 from launcher.job import Job
 from launcher.jobsetup import SETUP_LOG, setup_argv
-from launcher.plan import NodeCommand, RunPlan, render_workdir
+from launcher.plan import NodeCommand, Recovery, RunPlan, render_workdir
 from launcher.recipe import Slurm
 
 SCRIPT_NAME = "job.sbatch"
@@ -44,6 +44,7 @@ def marker(name: str) -> str:
 NODE = marker("node")             # the node's Slurm name ($SLURMD_NODENAME)
 NODE_RANK = marker("node_rank")   # its index in the allocation ($SLURM_NODEID), head 0
 NODE_ADDRS = marker("node_addrs")  # every node's address, head first, comma-separated
+ATTEMPT = marker("launch_attempt")  # the run's attempts before (`--resume`) + this step's
 ADDR = marker("addr")             # the node's own address: its route's source to the head
 IFACE = marker("iface")           # the interface holding that address
 HEAD_ADDR = marker("head_addr")   # the allocation's first node's address (NodeAddr)
@@ -71,6 +72,11 @@ def fill(value: str, values: dict[str, str]) -> str:
 def comment(text: str) -> str:
     """A shell comment line: a newline in a path must not end it."""
     return "# " + re.sub(r"[\r\n]", " ", text)
+
+
+def comment_block(text: str, width: int = 95) -> str:
+    """Shell comment lines holding `text`, wrapped."""
+    return "\n".join(textwrap.wrap(text, width, initial_indent="# ", subsequent_indent="# "))
 
 
 def command_lines(env: dict[str, str], argv: tuple[str, ...] | list[str],
@@ -111,6 +117,8 @@ class SlurmJob:
     job: Job = field(default_factory=lambda: Job("trainer"))
     workdir: Any = None          # the shipped workdir's manifest (launcher/workdir.py)
     setup_key: str | None = None  # launcher/jobsetup.py: when setup runs again
+    recovery: Recovery = field(default_factory=Recovery)
+    attempt_base: int = 0        # LAUNCH_ATTEMPT of the first step (earlier attempts: --resume)
 
     @property
     def world_size(self) -> int:
@@ -162,8 +170,7 @@ class SlurmJob:
         path_line = (f"  PATH={shell_word(python_dir)}:$PATH; export PATH\n"
                      if python_dir else "")
         workdir = self.node.cwd if self.job.workdir else None
-        go_to_work = (f"  cd {shell_word(workdir)} || {{ echo 1 >\"$dir\"/{EXIT_FILE}; "
-                      "exit 1; }\n" if workdir else "")
+        go_to_work = (f"  cd {shell_word(workdir)} || finish 1\n" if workdir else "")
         setup = ""
         if self.job.setup and workdir:
             setup_cmd = command_lines(self.node.env, setup_argv(str(self.setup_key),
@@ -176,69 +183,73 @@ class SlurmJob:
   code=${{PIPESTATUS[0]}}
   if [ "$code" -ne 0 ]; then
     echo "launch: setup failed on node $node with exit code $code; no job starts"
-    echo "$code" >"$dir"/{EXIT_FILE}
-    exit "$code"
+    finish "$code"
   fi
 """
+        restarts = self.recovery.restarts
         what = ("the rendezvous store there, then one torchrun agent per node (srun), and stops "
                 "the store when srun ends" if self.store else
                 "the job's command once per node (srun), its own launcher doing the rest")
+        if restarts:
+            what += (f"; when a node fails, every node again (a new srun step, and store), up "
+                     f"to {restarts} time(s)")
         if self.store:
-            store_cmd = command_lines(self.store.env, self.store.argv, "  ")
-            start_store = f"""# The rendezvous store, a process of its own on the head: no agent's exit can take the
-# rendezvous down with it.
-mkdir -p {run_dir}/"$head" || exit 1
-(
-  node=$head
-  cd {run_dir}/"$node" || exit 1
-  exec {store_cmd}
-) >{run_dir}/"$head"/{STORE_OUT} 2>&1 &
-store=$!
+            store_cmd = command_lines(self.store.env, self.store.argv, "    ")
+            start_store = f"""  # The rendezvous store, a process of its own on the head: no agent's exit can take the
+  # rendezvous down with it. A fresh one each attempt: the last one's rendezvous is closed.
+  mkdir -p {run_dir}/"$head" || exit 1
+  (
+    node=$head
+    cd {run_dir}/"$node" || exit 1
+    exec {store_cmd}
+  ) >>{run_dir}/"$head"/{STORE_OUT} 2>&1 &
+  store=$!
 """
-            finish = f"""# Whichever ends first: srun (the run is over) or the store (the run cannot go on).
-wait -n
-if kill -0 "$agents" 2>/dev/null; then
-  wait "$store"
-  code=$?
-  echo "$code" >{run_dir}/"$head"/{STORE_EXIT}
-  echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
-  kill -TERM "$agents"
-  wait "$agents"
-  exit 1
-fi
-wait "$agents"
-status=$?
-kill -TERM "$store" 2>/dev/null
-wait "$store"
-exit "$status"
+            wait_step = f"""  # Whichever ends first: srun (the step is over) or the store (the step cannot go on).
+  wait -n
+  if kill -0 "$agents" 2>/dev/null; then
+    wait "$store"
+    code=$?
+    [ "$final" = 1 ] && echo "$code" >{run_dir}/"$head"/{STORE_EXIT}
+    echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
+    kill -TERM "$agents"
+    wait "$agents"
+    status=1
+  else
+    wait "$agents"
+    status=$?
+    kill -TERM "$store" 2>/dev/null
+    wait "$store"
+  fi
 """
         else:
             start_store = ""
-            finish = 'wait "$agents"\n'
-        purpose = "\n".join(textwrap.wrap(
-            f"Runs on the allocation's first node, the head: starts {what}.", 95,
-            initial_indent="# ", subsequent_indent="# "))
+            wait_step = '  wait "$agents"\n  status=$?\n'
+        purpose = comment_block(f"Runs on the allocation's first node, the head: starts {what}.")
+        node_comment = comment_block(
+            "One node: its address is the source address of its route to the head, its "
+            "interface the one holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to "
+            "the node's own folder, its job runs in "
+            f"{'the workdir' if workdir else 'that folder'}. $2: the step's attempt (0, then one "
+            "more per restart); $3: 1 when no restart may follow it.")
         return f"""#!/bin/bash
 {header}
 {submitted}
 {purpose}
 set -u
 
-# One node: its address is the source address of its route to the head, its interface the one
-# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its job
-# runs in {"the workdir" if workdir else "that folder"}.
+{node_comment}
 run_node() {{
-  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped= dir
-  local node_rank=$SLURM_NODEID
+  local node=$SLURMD_NODENAME head_addr=$1 attempt=$2 final=$3 addr iface omp_threads agent
+  local code stopped= dir node_rank=$SLURM_NODEID launch_attempt=$(( {self.attempt_base} + $2 ))
   dir={run_dir}/"$node"
   mkdir -p "$dir" && cd "$dir" || exit 1
-  exec >"$dir"/{AGENT_OUT} 2>&1
+  exec >>"$dir"/{AGENT_OUT} 2>&1
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')
   if [ -z "$addr" ] || [ -z "$iface" ]; then
     echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
-    echo 1 >"$dir"/{EXIT_FILE}
-    exit 1
+    finish 1
   fi
   # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
   omp_threads=$(( ${{SLURM_CPUS_ON_NODE:-1}} / {self.nproc_per_node} ))
@@ -256,10 +267,15 @@ run_node() {{
     kill -0 "$agent" 2>/dev/null || break
   done
   [ -z "$stopped" ] || code=-15
-  echo "$code" >"$dir"/{EXIT_FILE}
-  exit "$code"
+  finish "$code"
 }}
-export -f run_node
+# The node's end: its exit_code, which launch follows; a step that may be restarted writes the
+# attempt's own (exit_code.<attempt>) and the batch script decides which one ends the run.
+finish() {{
+  if [ "$final" = 1 ]; then echo "$1" >"$dir"/{EXIT_FILE}; else echo "$1" >"$dir"/{EXIT_FILE}.$attempt; fi
+  exit "$1"
+}}
+export -f run_node finish
 
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # NodeAddr may be a name: the store and the agents want the address.
@@ -281,11 +297,29 @@ done
 export node_addrs
 echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
 
-{start_store}srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
-  --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
-agents=$!
-
-{finish}"""
+restarts={restarts}
+attempt=0
+while :; do
+  final=$(( attempt >= restarts ? 1 : 0 ))
+{start_store}  srun --export=ALL --kill-on-bad-exit=1 --nodes={self.nnodes} --ntasks={self.nnodes} \\
+    --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" "$attempt" "$final" &
+  agents=$!
+{wait_step}  if [ "$status" -eq 0 ] || [ "$final" = 1 ]; then
+    break
+  fi
+  attempt=$(( attempt + 1 ))
+  echo "launch: the step ended with exit code $status; starting every node again (restart $attempt of $restarts)"
+done
+# A step that could have been restarted left exit_code.<attempt>: the run ends with it.
+if [ "$final" != 1 ]; then
+  for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    if [ -f {run_dir}/"$name"/{EXIT_FILE}.$attempt ]; then
+      cp {run_dir}/"$name"/{EXIT_FILE}.$attempt {run_dir}/"$name"/{EXIT_FILE}
+    fi
+  done
+fi
+exit "$status"
+"""
 
     # ---- printing ----------------------------------------------------------------------
     def render(self) -> str:
@@ -369,7 +403,7 @@ agents=$!
                        nproc_per_node=self.nproc_per_node, nodes=commands,
                        notes=self.notes, job=self.job, workdir=self.workdir,
                        store=place(self.store, head_name, head_addr, True)
-                       if self.store else None)
+                       if self.store else None, recovery=self.recovery)
 
 
 _FACTS = re.compile(r"^launch: node (?P<node>\S+): address (?P<addr>\S+), interface "

@@ -31,11 +31,14 @@ def missing_clients() -> list[str]:
     return [tool for tool in CLIENTS if shutil.which(tool) is None]
 
 
-def slurm(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-    """One client command; its non-zero exit is the caller's to read."""
+def slurm(argv: list[str], timeout: float = 30.0,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """One client command (`env` added to launch's own environment, which sbatch and srun
+    hand to the job); its non-zero exit is the caller's to read."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, **env} if env else None)
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not installed here: launch --slurm runs on a Slurm "
                          "login node, where the Slurm client commands are on PATH") from None

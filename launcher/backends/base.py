@@ -13,7 +13,6 @@ its submit):
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -119,8 +118,11 @@ def in_parallel(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int
 
 
 def trainer_code_dir() -> Path:
-    """The folder holding train/ (a checkout, or site-packages for an installed wheel)."""
-    spec = importlib.util.find_spec("train")
-    if spec is None or not spec.submodule_search_locations:
-        raise LauncherError("cannot find the trainer package (train/); reinstall launch")
-    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    """The folder holding launch's train/ (a checkout, or site-packages for an installed
+    wheel): beside the launcher package, never found through the import path, where a user's
+    own package called `train` (their project is the current folder) would be taken for it."""
+    base = Path(__file__).resolve().parents[2]
+    if not (base / "train" / "worker.py").is_file():
+        raise LauncherError(f"cannot find launch's trainer package in {base / 'train'}; "
+                            "reinstall launch")
+    return base

@@ -18,7 +18,7 @@ from launcher.backends.base import (GroupResult, LaunchOptions, NodeResult, Prog
                                     trainer_code_dir)
 from launcher.errors import LauncherError
 from launcher.inventory import Node
-from launcher.job import Job, default_job, workdir_folder_name
+from launcher.job import Job, JobError, default_job, module_in_workdir, workdir_folder_name
 from launcher.plan import Placement, RunPlan, plan_run
 from launcher.recipe import Recipe, check_recipe_for_hardware
 
@@ -132,6 +132,16 @@ class LocalBackend:
 
         # What the machine refuses is refused before the run folder exists.
         check_recipe_for_hardware(recipe, self.gpus(nodes))
+        job = job or default_job(recipe, program)
+        if job.kind == "module" and not (workdir is not None and
+                                         module_in_workdir(job, workdir)):
+            # The local nodes run launch's own interpreter: the module must be installed in it.
+            import importlib.util
+
+            if importlib.util.find_spec(str(job.target).split(".")[0]) is None:
+                raise JobError(f"{recipe.source}: job.module {job.target}: no module or "
+                               f"package {str(job.target).split('.')[0]} in the workdir nor "
+                               f"in {sys.executable}")
         folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
                                       resume=options.resume)
         plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,

@@ -31,8 +31,8 @@ from launcher.job import Job, default_job, workdir_folder_name
 from launcher.jobsetup import setup_key
 from launcher.plan import Placement, plan_run
 from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
-from launcher.sbatch import (ADDR, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK, OMP_THREADS,
-                             SlurmJob)
+from launcher.sbatch import (ADDR, ATTEMPT, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK,
+                             OMP_THREADS, SlurmJob)
 from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
 
 MAX_SLURM_NODES = 4096
@@ -124,7 +124,7 @@ class SlurmBackend:
         port = rdzv_port or recipe.rendezvous.port
         planned = plan_run(recipe, [template] * len(nodes), run_id, {NODE: place},
                            rdzv_port=port, rdzv_host=HEAD_ADDR, program=program, job=job,
-                           workdir=workdir, attempt=attempt,
+                           workdir=workdir, attempt=ATTEMPT,
                            node_cluster_env={
                                "LAUNCH_NODE_RANK": NODE_RANK,
                                "LAUNCH_NUM_NODES": str(len(nodes)),
@@ -137,7 +137,8 @@ class SlurmBackend:
                         nproc_per_node=planned.nproc_per_node, rdzv_port=port,
                         settings=settings, node=planned.nodes[0], store=planned.store,
                         notes=tuple(notes), job=job, workdir=workdir,
-                        setup_key=key if job.setup else None)
+                        setup_key=key if job.setup else None, recovery=planned.recovery,
+                        attempt_base=attempt)
 
     def preflight(self, recipe: Recipe | None, count: int) -> Partition:
         """Slurm's client commands are here and the partition has `count` nodes that take
@@ -180,24 +181,23 @@ class SlurmBackend:
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
                *, program: Program | None = None, rdzv_port: int | None = None,
                job: Job | None = None, workdir: Any = None) -> dict:
-        from launcher.execute.slurm_job import run_job
+        from launcher.execute.slurm_job import ATTEMPT_FILES, run_job
+        from launcher.runfolder import RunFolder
 
-        if recipe.restarts or options.resume:
-            # Restarting a node agent, and resuming in the run's folder, go through node
-            # processes launch can start again; a Slurm job's steps are Slurm's (see
-            # docs/recovery.md for what a Slurm backend must add).
-            raise SlurmError("restarts (--max-restarts, the recipe's restarts) and --resume "
-                             "are not supported with --slurm yet: run with restarts 0, or on "
-                             "this machine or over SSH; Slurm's own --requeue is refused too")
         partition = self.preflight(recipe, len(nodes))
         if nodes[0].gpus is None and self.settings(recipe).gpus_per_node is None:
             # A job gets the GPUs it asks for; ask for what every usable node has.
             have = [partition.gpus.get(n, 0) for n in partition.usable]
             nodes = [replace(n, gpus=min(have) if have else 0) for n in nodes]
+        # Restarts happen inside the job (its script starts every node again); `--resume` is a
+        # new job continuing in the run's folder, its earlier attempt's files moved aside.
+        folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
+                                      resume=options.resume, also=ATTEMPT_FILES)
         batch = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
-                          rdzv_port=rdzv_port, job=job, workdir=workdir)
-        return run_job(batch, options, recipe.source if Path(recipe.source).is_file() else None,
-                       recipe.text)
+                          rdzv_port=rdzv_port, job=job, workdir=workdir,
+                          attempt=folder.attempt_base())
+        return run_job(batch, folder, options,
+                       recipe.source if Path(recipe.source).is_file() else None, recipe.text)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

@@ -150,6 +150,17 @@ def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
                         args.instance_type or _instance_type(nodes))
 
 
+def bench_before_run(backend, nodes: list[Node], run_id: str, runs_dir: str,
+                     grace: float) -> int:
+    """`launch run --bench`: the default all-reduce sweep on the run's nodes, in a run folder
+    of its own beside the run's (RUN_ID-bench), whose bandwidth.json the run's report quotes."""
+    args = argparse.Namespace(op="all_reduce", min_bytes=str(bench.DEFAULT_MIN_BYTES),
+                              max_bytes=None, dtype="float", warmup_iters=bench.WARMUP_ITERS,
+                              iters=bench.ITERS, instance_type=None, runs_dir=runs_dir,
+                              grace=grace, dry_run=False, json=False)
+    return bench_sweep(args, backend, nodes, check_run_id(f"{run_id[:120]}-bench"))
+
+
 def finish_sweep(run_dir: Path, names: list[str], nproc: int, instance_type: str | None) -> int:
     """The sweep's results (rank 0's node folder) as nccl-tests' table, then `finish`."""
     results = bench.load_results(bench.find_results(run_dir, names))

@@ -13,7 +13,7 @@ from launcher.backends import LaunchOptions, add_where_arguments, backend_from_a
 from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
                                       port_number, restart_count)
 from launcher.errors import LauncherError
-from launcher.job import job_of, script_recipe
+from launcher.job import check_target, job_of, script_recipe
 from launcher.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
 from launcher.runfolder import check_run_id, new_run_id
 
@@ -64,6 +64,10 @@ def register(sub) -> None:
                    help="before starting, run the collective gate (an all-reduce over the "
                         "nodes, then node pairs, against the recipe's gate.min_busbw_gbs) and "
                         "refuse to start (exit 3) naming a node that would hold the run back")
+    p.add_argument("--bench", action="store_true",
+                   help="before starting, measure the all-reduce bus bandwidth across the nodes "
+                        "(`launch bench`'s sweep, in runs/RUN_ID-bench): the run's report "
+                        "compares it with the link's peak")
     p.add_argument("--exclude-bad", action="store_true",
                    help="with --gate: measure every inventory host and run on the first "
                         "healthy ones instead of refusing")
@@ -178,6 +182,7 @@ def main(args) -> int:
         print(f"launch: warning: {warning}", file=sys.stderr)
     job = job_of(recipe)
     manifest = scan(job, args.workdir_limit, args.runs_dir)
+    check_target(job, manifest, recipe.source)
     default_count = len(point.node_names) if point else recipe.nodes
     count = args.nodes if args.nodes is not None else default_count
     if count < 1:
@@ -197,6 +202,9 @@ def main(args) -> int:
         for note in notes:
             print(f"launch: {note}", file=sys.stderr)
     if args.dry_run:
+        if args.bench:
+            print(f"launch: --bench: a real run first measures the all-reduce bus bandwidth on "
+                  f"{', '.join(n.name for n in nodes)} (runs/{run_id}-bench)", file=sys.stderr)
         if args.gate:
             print("launch: --gate: a real run first runs the collective gate on "
                   f"{', '.join(n.name for n in nodes)}"
@@ -214,6 +222,10 @@ def main(args) -> int:
         nodes = gate_before_run(backend, recipe, nodes, run_id=run_id, runs_dir=args.runs_dir,
                                 exclude_bad=args.exclude_bad, grace_s=args.grace,
                                 rdzv_port=args.rdzv_port)
+    if args.bench:
+        from launcher.commands.bench import bench_before_run
+
+        bench_before_run(backend, nodes, run_id, args.runs_dir, args.grace)
     backend.launch(recipe, nodes, run_id,
                    LaunchOptions(args.runs_dir, args.grace, resume=point is not None),
                    rdzv_port=args.rdzv_port, job=job, workdir=manifest)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.execute.forensics import NO_SIGN, NO_STEP, HangReport, investigate
-from launcher.execute.supervisor import describe_exit, exit_evidence
+from launcher.execute.supervisor import PEER_LOST, describe_exit, exit_evidence
 from launcher.execute.watch import HangWatch
 from launcher.logs import split_rank
 
@@ -53,6 +53,8 @@ class Incident:
     steps_lost: int | None = None
     recovered_in_s: float | None = None
     checkpoint_load_s: float | None = None
+    # Every (node, reason) reported within the incident, in order (blame may move on).
+    reports: list[tuple[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "kind": self.kind, "reason": self.reason,
@@ -75,6 +77,9 @@ class RestartBook:
         self.started_steps_lost: int | None = None
         self._exhausted: tuple[str, str] | None = None
         self._lock = threading.Lock()
+        # Nodes whose workers reported losing a peer since the rendezvous last formed: victims
+        # of a failure that began elsewhere (launcher/execute/supervisor.py PEER_LOST).
+        self._peer_lost: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -94,18 +99,32 @@ class RestartBook:
         with self._lock:
             current = self._open()
             if current is not None:
+                current.reports.append((node, reason))
                 if signal_death and not current.signal_death and current.kind != "hang":
                     # Where it began: a worker killed by a signal launch did not send (after a
                     # hang, launch's own kill of the stuck rank is not the cause).
                     current.node, current.reason = node, reason
                     current.signal_death = True
+                self._reblame(current)
                 return True
-            self.incidents.append(Incident(kind, node, reason, now_s, signal_death))
+            self.incidents.append(Incident(kind, node, reason, now_s, signal_death,
+                                           reports=[(node, reason)]))
             if len(self.incidents) > self.budget:
                 self._exhausted = (node, f"{reason}; the run had used its {self.budget} "
                                          f"restart(s)")
                 return False
             return True
+
+    def _reblame(self, incident: Incident) -> None:
+        """A node blamed for only losing its peer gives the blame to the first node of the
+        incident that did not (the lines saying so may come after its failure report)."""
+        if incident.signal_death or incident.kind == "hang" or \
+                incident.node not in self._peer_lost:
+            return
+        for node, reason in incident.reports:
+            if node not in self._peer_lost:
+                incident.node, incident.reason = node, reason
+                return
 
     def exhausted(self) -> tuple[str, str] | None:
         """(node, reason) once a failure came with no restart left."""
@@ -131,11 +150,18 @@ class RestartBook:
                          f"{m['pid']}) {describe_exit(code)}", now_s,
                          signal_death=exit_evidence(code) == 2)
             return
+        if rank != "agent" and PEER_LOST.search(text):
+            with self._lock:
+                self._peer_lost.add(node)
+                current = self._open()
+                if current is not None:
+                    self._reblame(current)
         if REFORMED.match(text):
             with self._lock:
                 current = self._open()
                 if current is not None:
                     current.reformed = True
+                self._peer_lost.clear()
             return
         resumed, none = RESUMED.match(text), NO_CHECKPOINT.match(text)
         if resumed or none:

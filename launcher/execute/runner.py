@@ -117,22 +117,22 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     started = _now()
     what = (f"world size {plan.world_size}" if plan.job.uses_torchrun
             else "your command on each")
-    display.message(f"run {plan.run_id}: {plan.nnodes} node(s), {what}; logs in {folder.root}")
+    router.message(f"run {plan.run_id}: {plan.nnodes} node(s), {what}; logs in {folder.root}")
     outcome = None
     try:
         if prepare is not None:
             try:
-                prepare(router, display.message, folder)
+                prepare(router, router.message, folder)
             except PrepareFailed as err:
                 outcome = Outcome(status="failed", first_failure=err.node, reason=err.reason,
                                   nodes=[NodeExit(n.name, started=False) for n in plan.nodes])
         if outcome is None:
-            outcome = supervise(procs, router, grace_s=grace_s, notify=display.message,
+            outcome = supervise(procs, router, grace_s=grace_s, notify=router.message,
                                 services=[*([store] if store else []), *services],
                                 recovery=recovery)
     finally:
-        display.close()
         router.close()
+        display.close()
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}

@@ -11,6 +11,7 @@ every node.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import threading
 import time
@@ -23,7 +24,8 @@ from launcher.display import make_display
 from launcher.errors import RunFailed
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import _StopRequest
-from launcher.runfolder import RunFolder
+from launcher.runfolder import STAMP_ENV, RunFolder
+from launcher.jobsetup import SETUP_LOG
 from launcher.sbatch import (AGENT_OUT, EXIT_FILE, JOB_OUT, SCRIPT_NAME, STORE_EXIT, STORE_OUT,
                              SlurmJob, node_facts)
 from launcher.slurmctl import (JobInfo, SlurmError, hostnames, job_info, node_addresses, said,
@@ -123,9 +125,14 @@ class SlurmNodeProcess:
     """One node's torchrun agent in the job."""
 
     label = None
+    # Slurm's steps are the job script's: it starts every node again when the run may restart
+    # (launcher/sbatch.py); launch cannot start one node's agent by itself.
+    restartable = False
 
-    def __init__(self, name: str, node_dir: Path, watch: JobWatch):
+    def __init__(self, name: str, node_dir: Path, watch: JobWatch,
+                 probe: tuple[str, ...] = (), stamp: str = ""):
         self.name, self.node_dir, self.watch = name, node_dir, watch
+        self.probe, self.stamp = probe, stamp
         self._code: int | None = None
 
     def start(self) -> None:
@@ -146,6 +153,32 @@ class SlurmNodeProcess:
 
     def signal(self, sig: int) -> None:
         self.watch.cancel(kill=sig == signal.SIGKILL)
+
+    # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
+    def _probe(self, *args: str, timeout: float) -> Any:
+        """train/node_probe.py on the node, as a step of the running job that overlaps the
+        job's own (srun --overlap: it needs no free resources)."""
+        argv = ["srun", f"--jobid={self.watch.job_id}", "--overlap", "--nodes=1",
+                "--ntasks=1", f"--nodelist={self.name}", "--quiet", *self.probe, *args]
+        proc = slurm(argv, timeout=timeout)
+        if proc.returncode != 0:
+            raise SlurmError(f"node probe on {self.name} (job {self.watch.job_id}) exited "
+                             f"{proc.returncode}: {said(proc)[-300:]}")
+        return json.loads(proc.stdout)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return self._probe("heartbeats", str(self.node_dir), timeout=15)
+
+    def activity(self) -> dict[str, Any]:
+        return self._probe("activity", str(self.node_dir), "--stamp", self.stamp,
+                           "--node", self.name, timeout=15)
+
+    def dump_ranks(self, timeout: float) -> dict[str, Any]:
+        return self._probe("dump", str(self.node_dir), "--stamp", self.stamp, "--timeout",
+                           f"{timeout:g}", "--node", self.name, timeout=3 * timeout + 15)
+
+    def kill_ranks(self, pids: list[int]) -> dict[str, Any]:
+        return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
 
 
 class SlurmService:
@@ -254,9 +287,10 @@ def snapshot_code(code_dir: Path, dest: Path) -> dict[str, Any]:
     return {"sha256": digest.hexdigest(), "files": files}
 
 
-def submit(job: SlurmJob) -> str:
-    """sbatch the job; its id."""
-    proc = slurm(job.sbatch_argv(), timeout=60)
+def submit(job: SlurmJob, stamp: str) -> str:
+    """sbatch the job; its id. The run's stamp goes with the environment sbatch exports to the
+    job, so that every process of it carries it (the node probes find them by it)."""
+    proc = slurm(job.sbatch_argv(), timeout=60, env={STAMP_ENV: stamp})
     if proc.returncode != 0:
         raise SlurmError(f"sbatch refused the job ({where_conf()}): {said(proc)}")
     job_id = proc.stdout.strip().split(";")[0]   # --parsable: "id" or "id;cluster"
@@ -269,12 +303,18 @@ def _interrupted_exit(signum: int) -> int:
     return 130 if signum == signal.SIGINT else 128 + signum
 
 
-def run_job(job: SlurmJob, options: LaunchOptions, recipe_file: str | None,
-            recipe_text: str | None = None) -> dict[str, Any]:
-    """Prepare the run folder, stage the workdir once on the shared filesystem, submit, follow
-    the job to its end; the summary, or RunFailed (logs kept) / SlurmError (exit 2: the job
-    could not run at all)."""
-    folder = RunFolder.create(Path(job.run_dir).parent, job.run_id)
+# What a job leaves in its run folder besides launch's own files: moved to attempts/<n>/ when
+# `--resume` submits the next one (a node's old exit code would end the new attempt at once).
+ATTEMPT_FILES = (SCRIPT_NAME, "slurm.json", JOB_OUT.format(job_id="*"), f"*/{AGENT_OUT}",
+                 f"*/{EXIT_FILE}", f"*/{EXIT_FILE}.*", f"*/{STORE_OUT}", f"*/{STORE_EXIT}",
+                 f"*/{SETUP_LOG}")
+
+
+def run_job(job: SlurmJob, folder: RunFolder, options: LaunchOptions,
+            recipe_file: str | None, recipe_text: str | None = None) -> dict[str, Any]:
+    """Stage the workdir once on the shared filesystem, submit, follow the job to its end;
+    the summary, or RunFailed (logs kept) / SlurmError (exit 2: the job could not run at
+    all)."""
     display = options.display or make_display()
     note = shared_filesystem_note(folder.root)
     if note:
@@ -292,7 +332,7 @@ def run_job(job: SlurmJob, options: LaunchOptions, recipe_file: str | None,
     slurm_doc: dict[str, Any] = {"sbatch": job.sbatch_argv(), "script": SCRIPT_NAME}
     with _StopRequest() as stop:
         try:
-            job_id = submit(job)
+            job_id = submit(job, folder.stamp)
         except SlurmError as err:
             _record(folder, slurm_doc, None, "failed", str(err))
             raise
@@ -331,7 +371,8 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
     addresses = node_addresses(names)
     pairs = [(n, addresses[n]) for n in names]
     plan = job.run_plan(pairs)
-    procs = [SlurmNodeProcess(n, folder.node_dir(n), watch) for n in names]
+    procs = [SlurmNodeProcess(n, folder.node_dir(n), watch, job.node.probe, folder.stamp)
+             for n in names]
     head_dir = folder.node_dir(names[0])
     services = [SlurmService(names[0], "store", head_dir / STORE_OUT, watch,
                              head_dir / STORE_EXIT),

@@ -124,6 +124,24 @@ def signal_death_evidence(lines: list[str]) -> int:
     return found
 
 
+# A rank that failed because a peer went away (gloo's "Connection closed by peer ... typically
+# caused by a remote worker crashing", a reset, a store that vanished): a victim, not where a
+# failure began. A user's script that raises exits with code 1, and so does its peer a moment
+# later with one of these: without them the first to report was blamed, whichever it was.
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker "
+                       r"crash|DistNetworkError|Broken pipe|failed to recv, got 0 bytes",
+                       re.IGNORECASE)
+
+
+def failure_evidence(lines: list[str]) -> int:
+    """How surely a failed node's last lines say the failure began there: exit_evidence of
+    its dead workers (2, 1), else 0, or -1 when its workers only lost a peer."""
+    found = signal_death_evidence(lines)
+    if found == 0 and any(PEER_LOST.search(line) for line in lines):
+        return -1
+    return found
+
+
 class Recovering(Protocol):
     """What supervise asks a recovery policy (launcher/execute/recovery.py Recovery)."""
 
@@ -200,7 +218,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
             if reader is not None:
                 reader.join(timeout=max(0.0, until - time.monotonic()))
         order = sorted(failed_at, key=failed_at.get)
-        evidence = {name: signal_death_evidence(router.tail(name, 200)) for name in order}
+        evidence = {name: failure_evidence(router.tail(name, 200)) for name in order}
         return max(order, key=lambda name: evidence[name])  # max keeps the first of equals
 
     def start_reader(p: NodeProcess) -> threading.Thread:
@@ -341,6 +359,7 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 if code is None:
                     continue
                 if (code != 0 and recovery is not None and stop_at is None
+                        and getattr(p, "restartable", True)
                         and settle_until is None and request.signum is None
                         and not any(e.exit_code == 0 for e in exits.values())
                         and recovery.node_failed(p.name, code)):

@@ -48,20 +48,20 @@ EXPECTED_SCRIPT = r"""#!/bin/bash
 set -u
 
 # One node: its address is the source address of its route to the head, its interface the one
-# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its job
-# runs in that folder.
+# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its
+# job runs in that folder. $2: the step's attempt (0, then one more per restart); $3: 1 when no
+# restart may follow it.
 run_node() {
-  local node=$SLURMD_NODENAME head_addr=$1 addr iface omp_threads agent code stopped= dir
-  local node_rank=$SLURM_NODEID
+  local node=$SLURMD_NODENAME head_addr=$1 attempt=$2 final=$3 addr iface omp_threads agent
+  local code stopped= dir node_rank=$SLURM_NODEID launch_attempt=$(( 0 + $2 ))
   dir=/shared/home/ada/runs/golden-1/"$node"
   mkdir -p "$dir" && cd "$dir" || exit 1
-  exec >"$dir"/agent.out 2>&1
+  exec >>"$dir"/agent.out 2>&1
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \([^ ]*\).*/\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{sub(/@.*/, "", $2); print $2; exit}')
   if [ -z "$addr" ] || [ -z "$iface" ]; then
     echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
-    echo 1 >"$dir"/exit_code
-    exit 1
+    finish 1
   fi
   # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
   omp_threads=$(( ${SLURM_CPUS_ON_NODE:-1} / 8 ))
@@ -94,7 +94,7 @@ run_node() {
     LAUNCH_HEAD_ADDR="${head_addr}" \
     LAUNCH_RDZV_PORT=29400 \
     LAUNCH_GPUS_PER_NODE=8 \
-    LAUNCH_ATTEMPT=0 \
+    LAUNCH_ATTEMPT="${launch_attempt}" \
     /shared/venv/bin/python -m torch.distributed.run \
     --nnodes 2 \
     --nproc-per-node 8 \
@@ -116,10 +116,15 @@ run_node() {
     kill -0 "$agent" 2>/dev/null || break
   done
   [ -z "$stopped" ] || code=-15
-  echo "$code" >"$dir"/exit_code
-  exit "$code"
+  finish "$code"
 }
-export -f run_node
+# The node's end: its exit_code, which launch follows; a step that may be restarted writes the
+# attempt's own (exit_code.<attempt>) and the batch script decides which one ends the run.
+finish() {
+  if [ "$final" = 1 ]; then echo "$1" >"$dir"/exit_code; else echo "$1" >"$dir"/exit_code.$attempt; fi
+  exit "$1"
+}
+export -f run_node finish
 
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # NodeAddr may be a name: the store and the agents want the address.
@@ -141,41 +146,59 @@ done
 export node_addrs
 echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
 
-# The rendezvous store, a process of its own on the head: no agent's exit can take the
-# rendezvous down with it.
-mkdir -p /shared/home/ada/runs/golden-1/"$head" || exit 1
-(
-  node=$head
-  cd /shared/home/ada/runs/golden-1/"$node" || exit 1
-  exec env \
-    LAUNCH_RUN_ID=golden-1 \
-    LAUNCH_NODE="${node}" \
-    PYTHONUNBUFFERED=1 \
-    /shared/venv/bin/python \
-    /shared/home/ada/runs/golden-1/code/train/rdzv_store.py \
-    --host "${head_addr}" \
-    --port 29400
-) >/shared/home/ada/runs/golden-1/"$head"/store.out 2>&1 &
-store=$!
-srun --export=ALL --kill-on-bad-exit=1 --nodes=2 --ntasks=2 \
-  --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" &
-agents=$!
-
-# Whichever ends first: srun (the run is over) or the store (the run cannot go on).
-wait -n
-if kill -0 "$agents" 2>/dev/null; then
-  wait "$store"
-  code=$?
-  echo "$code" >/shared/home/ada/runs/golden-1/"$head"/store_exit_code
-  echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
-  kill -TERM "$agents"
-  wait "$agents"
-  exit 1
+restarts=0
+attempt=0
+while :; do
+  final=$(( attempt >= restarts ? 1 : 0 ))
+  # The rendezvous store, a process of its own on the head: no agent's exit can take the
+  # rendezvous down with it. A fresh one each attempt: the last one's rendezvous is closed.
+  mkdir -p /shared/home/ada/runs/golden-1/"$head" || exit 1
+  (
+    node=$head
+    cd /shared/home/ada/runs/golden-1/"$node" || exit 1
+    exec env \
+      LAUNCH_RUN_ID=golden-1 \
+      LAUNCH_NODE="${node}" \
+      PYTHONUNBUFFERED=1 \
+      /shared/venv/bin/python \
+      /shared/home/ada/runs/golden-1/code/train/rdzv_store.py \
+      --host "${head_addr}" \
+      --port 29400
+  ) >>/shared/home/ada/runs/golden-1/"$head"/store.out 2>&1 &
+  store=$!
+  srun --export=ALL --kill-on-bad-exit=1 --nodes=2 --ntasks=2 \
+    --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" "$attempt" "$final" &
+  agents=$!
+  # Whichever ends first: srun (the step is over) or the store (the step cannot go on).
+  wait -n
+  if kill -0 "$agents" 2>/dev/null; then
+    wait "$store"
+    code=$?
+    [ "$final" = 1 ] && echo "$code" >/shared/home/ada/runs/golden-1/"$head"/store_exit_code
+    echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
+    kill -TERM "$agents"
+    wait "$agents"
+    status=1
+  else
+    wait "$agents"
+    status=$?
+    kill -TERM "$store" 2>/dev/null
+    wait "$store"
+  fi
+  if [ "$status" -eq 0 ] || [ "$final" = 1 ]; then
+    break
+  fi
+  attempt=$(( attempt + 1 ))
+  echo "launch: the step ended with exit code $status; starting every node again (restart $attempt of $restarts)"
+done
+# A step that could have been restarted left exit_code.<attempt>: the run ends with it.
+if [ "$final" != 1 ]; then
+  for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    if [ -f /shared/home/ada/runs/golden-1/"$name"/exit_code.$attempt ]; then
+      cp /shared/home/ada/runs/golden-1/"$name"/exit_code.$attempt /shared/home/ada/runs/golden-1/"$name"/exit_code
+    fi
+  done
 fi
-wait "$agents"
-status=$?
-kill -TERM "$store" 2>/dev/null
-wait "$store"
 exit "$status"
 """
 

@@ -1,0 +1,160 @@
+"""A user's own training project, as a newcomer brings it to launch: written fresh for each test
+(its .gitignore'd files must exist locally and must not reach the nodes).
+
+    main.py            the script: DDP on gloo over a tiny model, LAUNCH_STEP lines, checkpoints
+                       in LAUNCH_CHECKPOINT_DIR, and a --mode for each misbehaviour tested
+    train/             the user's own package named `train`, like launch's trainer
+    data/labels.txt    a data file the script reads, relative to its folder
+    .gitignore         outputs/ and *.secret: present here, never shipped
+    .launchignore      scratch.txt: adds to .gitignore
+    setup: writes setup-ran.txt, which main.py checks for
+
+main.py prints one `RESULT {json}` line per rank: what it saw (its argv, the LAUNCH_* variables,
+where `train` was imported from, the data, which ignored files it can see).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MAIN = r'''
+import json, os, signal, socket, subprocess, sys, time
+
+import torch
+import torch.distributed as dist
+
+from train.model import TinyModel, PACKAGE
+
+mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
+steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
+env = {k: v for k, v in os.environ.items() if k.startswith("LAUNCH_") and k != "LAUNCH_RUN_STAMP"}
+attempt = int(os.environ["LAUNCH_ATTEMPT"])
+
+if mode == "flood":
+    for i in range(int(sys.argv[sys.argv.index("--lines") + 1])):
+        sys.stdout.write(f"flood {i:08d} {'x' * 80}\n")
+    sys.stdout.flush()
+    print("flood done", flush=True)
+    sys.exit(0)
+if mode == "binary":
+    sys.stdout.buffer.write(b"bytes \xff\xfe not utf-8 \xc3\x28 end\n")
+    sys.stdout.flush()
+    print("binary done", flush=True)
+    sys.exit(0)
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+print("RESULT " + json.dumps({
+    "rank": rank, "world": world, "argv": sys.argv[1:], "env": env, "cwd": os.getcwd(),
+    "package": PACKAGE, "package_file": sys.modules["train.model"].__file__,
+    "data": open("data/labels.txt").read().split(),
+    "sees": sorted(p for p in ("outputs/model.bin", "token.secret", "scratch.txt",
+                               "setup-ran.txt") if os.path.exists(p)),
+    "setup": open("setup-ran.txt").read().strip() if os.path.exists("setup-ran.txt") else None,
+}), flush=True)
+
+if mode == "term-ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "fork" and os.environ["LOCAL_RANK"] == "0":
+    # A child in a session of its own, out of reach of its parents' process groups.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True)
+    print(f"forked child {child.pid}", flush=True)
+
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(TinyModel())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ckpt_dir = os.environ["LAUNCH_CHECKPOINT_DIR"]
+ckpt = os.path.join(ckpt_dir, "state.pt")
+start = 0
+if os.path.exists(ckpt):
+    state = torch.load(ckpt)
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    start = state["step"]
+    print(f"resumed from step {start} in attempt {attempt}", flush=True)
+
+x = torch.linspace(-1, 1, 64).reshape(-1, 1)
+y = 3 * x + 1
+for step in range(start, steps):
+    if mode == "raise" and rank == 1 and step == 2:
+        raise ValueError("user code failed on purpose at step 2")
+    if mode == "crash-once" and rank == 1 and step == 3 and attempt == 0:
+        raise SystemExit("rank 1 crashes once, at step 3")
+    if mode == "hang" and rank == 1 and step == 2:
+        def stuck_in_user_code():
+            while True:
+                time.sleep(0.2)
+        stuck_in_user_code()
+    started = time.perf_counter()
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    if rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
+                    "step": step + 1}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+    dist.barrier()
+    print(f"LAUNCH_STEP step={step + 1} loss={loss.item():.6f} "
+          f"busy_s={time.perf_counter() - started:.6f}", flush=True)
+if mode in ("term-ignore", "fork"):
+    time.sleep(600)    # until launch stops it
+dist.destroy_process_group()
+print(f"rank {rank} done", flush=True)
+'''
+
+MODEL = '''
+import torch
+
+PACKAGE = "the user's own train package"
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def forward(self, x):
+        return self.linear(x)
+'''
+
+SETUP = "echo \"setup on $LAUNCH_NODE\" > setup-ran.txt"
+
+
+def write_project(root: Path) -> Path:
+    """The project's folder, with its ignored files present."""
+    files = {
+        "main.py": MAIN,
+        "train/__init__.py": "",
+        "train/model.py": MODEL,
+        "data/labels.txt": "cat dog bird\n",
+        ".gitignore": "outputs/\n*.secret\n",
+        ".launchignore": "scratch.txt\n",
+        "outputs/model.bin": "not for the nodes\n",
+        "token.secret": "hunter2\n",
+        "scratch.txt": "local notes\n",
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def results(output: str) -> dict[int, dict]:
+    """Each rank's RESULT line, by rank."""
+    out = {}
+    for line in output.splitlines():
+        _, sep, payload = line.partition("RESULT ")
+        if sep and payload.startswith("{"):
+            data = json.loads(payload)
+            out[data["rank"]] = data
+    return out
+
+
+# Arguments that must arrive verbatim: a shell would split, expand or run them.
+HOSTILE_ARGS = ["--label", "two words", "a;b", "$HOME", "`touch pwned`", "$(touch pwned2)",
+                "'quoted'", "--steps", "4"]

@@ -1,0 +1,243 @@
+"""The user's own job on this machine (`--local`): real torchrun agents, the project shipped,
+setup, failures, restarts, resume, hangs and misbehaving jobs (tests/job/project.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.run.conftest import LaunchProcess, run_pids, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_project(tmp_path / "project")
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_script_with_its_package_data_args_and_setup(run_launch, project):
+    """`launch run train... -- ARGS` from the project folder: the folder is shipped without
+    its ignored files, setup runs first, the user's own `train` package wins over launch's,
+    arguments arrive verbatim, and every LAUNCH_* variable is there."""
+    proc = run_launch("--debug", "run", "--local", "--nodes", "2", "main.py", "--setup", SETUP,
+                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = results(proc.stdout)
+    assert sorted(seen) == [0, 1]
+    for rank, got in seen.items():
+        assert got["argv"] == HOSTILE_ARGS
+        assert got["package"] == "the user's own train package"
+        assert got["data"] == ["cat", "dog", "bird"]
+        # Only setup's output: the ignored files stayed on this side.
+        assert got["sees"] == ["setup-ran.txt"]
+        assert got["setup"].startswith("setup on node")
+        env = got["env"]
+        assert env["LAUNCH_RUN_ID"] == "own" and env["LAUNCH_ATTEMPT"] == "0"
+        assert env["LAUNCH_NUM_NODES"] == "2" and env["LAUNCH_NODE_ADDRS"] == "127.0.0.1,127.0.0.1"
+        assert env["LAUNCH_HEAD_ADDR"] == "127.0.0.1" and env["LAUNCH_GPUS_PER_NODE"] == "0"
+        assert env["LAUNCH_CHECKPOINT_DIR"] == str(project / "runs" / "own" / "checkpoints")
+        assert got["cwd"] == env["LAUNCH_WORKDIR"] != str(project)
+        assert env["PYTHONPATH"].split(":")[0] == got["cwd"]
+    assert {got["env"]["LAUNCH_NODE_RANK"] for got in seen.values()} == {"0", "1"}
+    assert not (project / "pwned").exists() and not (project / "pwned2").exists()
+    run = project / "runs" / "own"
+    summary = summary_of(run)
+    assert summary["status"] == "succeeded" and summary["job"]["kind"] == "script"
+    # Nothing of the trainer's is invented for a job of the user's own ...
+    assert "eval_accuracy" not in summary and "images_per_sec" not in summary
+    # ... and what it reported is kept.
+    assert summary["progress"]["step"] == 4 and summary["progress"]["loss"] is not None
+    assert "setup on node" in (run / "node0" / "setup.log").read_text()
+    report = (run / "report.md").read_text()
+    assert "## Job" in report and "reached step 4" in report and "images/s" not in report
+    recipe = yaml.safe_load((run / "recipe.yml").read_text())
+    assert recipe["job"] == {"script": "main.py", "args": HOSTILE_ARGS}
+    assert not run_pids("own")
+
+
+def test_setup_runs_again_only_when_the_workdir_changes(run_launch, project):
+    def go(run_id):
+        proc = run_launch("run", "--local", "--nodes", "1", "main.py", "--setup", SETUP,
+                          "--run-id", run_id, "--", "--steps", "1", cwd=project, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return (project / "runs" / run_id / "node0" / "setup.log").read_text()
+
+    assert "launch: setup done" in go("first")
+    assert "launch: setup skipped" in go("unchanged")
+    (project / "data" / "labels.txt").write_text("cat dog bird fish\n")
+    assert "launch: setup done" in go("changed")
+
+
+def test_a_failing_setup_names_the_node_and_starts_no_job(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--setup",
+                      "echo compiling; echo 'error: missing header' >&2; exit 3",
+                      "--run-id", "badsetup", cwd=project, timeout=240)
+    assert proc.returncode == 1
+    assert "setup on node node0 failed with exit code 3" in proc.stderr
+    assert "error: missing header" in proc.stderr
+    assert "RESULT" not in proc.stdout
+    summary = summary_of(project / "runs" / "badsetup")
+    assert summary["status"] == "failed" and summary["failure"]["first_failed_node"] == "node0"
+    assert all(n["status"] == "not started" for n in summary["nodes"])
+
+
+def test_a_rank_that_raises_is_blamed_with_its_own_traceback(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "raises",
+                      "--", "--mode", "raise", cwd=project, timeout=240)
+    assert proc.returncode == 1
+    assert "run raises failed: node node1 exited with code 1" in proc.stderr
+    assert "ValueError: user code failed on purpose at step 2" in proc.stderr
+    assert "main.py" in proc.stderr
+    summary = summary_of(project / "runs" / "raises")
+    assert summary["failure"]["first_failed_node"] == "node1"
+    assert not run_pids("raises")
+
+
+def test_a_crash_then_resume_continues_from_the_checkpoint_dir(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "again",
+                      "--", "--mode", "crash-once", cwd=project, timeout=240)
+    assert proc.returncode == 1 and "rank 1 crashes once" in proc.stderr
+    proc = run_launch("run", "--local", "--resume", "again", cwd=project, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    seen = results(proc.stdout)
+    assert {got["env"]["LAUNCH_ATTEMPT"] for got in seen.values()} == {"1"}
+    assert summary_of(project / "runs" / "again")["progress"]["step"] == 6
+
+
+def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "restarts",
+                      "--max-restarts", "1", "--", "--mode", "crash-once", cwd=project,
+                      timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    summary = summary_of(project / "runs" / "restarts")
+    assert len(summary["restarts"]) == 1 and summary["restarts"][0]["node"] == "node1"
+
+
+def test_a_hung_rank_is_found_with_its_own_stack(run_launch, project):
+    """Rank 1 loops in the user's own function while rank 0 waits in a collective: no output,
+    no CPU, no step: stopped after the hang timeout, each rank's stack kept."""
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "hung",
+                      "--hang-timeout", "6", "--", "--mode", "hang", cwd=project, timeout=240)
+    assert proc.returncode == 1
+    assert "stuck: rank 1 on node node1" in proc.stderr
+    dumps = project / "runs" / "hung" / "hang"
+    assert "stuck_in_user_code" in (dumps / "node1.rank1.txt").read_text()
+    # Rank 0 waits for it in DDP's gradient all-reduce.
+    assert "verdict: in collective" in (dumps / "node0.rank0.txt").read_text()
+    assert not run_pids("hung")
+
+
+def test_a_job_computing_silently_is_not_hung(run_launch, project, tmp_path):
+    script = project / "silent.py"
+    script.write_text("import time\nend = time.time() + 12\nx = 0\n"
+                      "while time.time() < end:\n    x += 1\nprint('computed', flush=True)\n")
+    proc = run_launch("run", "--local", "--nodes", "1", "silent.py", "--hang-timeout", "4",
+                      "--run-id", "silent", cwd=project, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "node0/0: computed" in proc.stdout
+
+
+def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch, project):
+    recipe = project / "cmd.yml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "own-launcher", "nodes": 2, "workdir": ".", "restarts": 1,
+        "job": {"command": ["bash", "-c",
+                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
+                            '--nnodes "$LAUNCH_NUM_NODES" '
+                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
+                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
+                            "cmd"],
+                "args": ["--mode", "crash-once", "--label", "a b"]},
+    }))
+    proc = run_launch("run", "--local", str(recipe), "--run-id", "cmd", cwd=project,
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The whole command started again on every node, with the next attempt.
+    assert "restarting every node" in proc.stdout
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
+    assert plan["store"] is None and plan["nodes"][0]["argv"][0] == "bash"
+    assert "torch.distributed.run" not in plan["nodes"][1]["argv"][:3]
+    assert not run_pids("cmd")
+
+
+def test_dry_run_shows_argv_env_manifest_and_setup(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--setup", SETUP,
+                      "--dry-run", "--", "--lr", "0.1", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "job: script main.py in " in out
+    assert "workdir (shipped to every node" in out and f"$ {SETUP}" in out
+    assert "train/worker.py script main.py --lr 0.1" in out
+    assert "LAUNCH_NODE_RANK=1" in out
+    assert not (project / "runs").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["missing.py"], "missing.py"),
+    (["-m", "nosuchpkg.train"], "nosuchpkg"),
+])
+def test_a_missing_script_or_module_is_named(run_launch, project, argv, says):
+    proc = run_launch("run", "--local", "--nodes", "1", *argv, cwd=project, timeout=120)
+    assert proc.returncode == 2
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert not (project / "runs").exists()
+
+
+def _interrupt_when(lp: LaunchProcess, line: str) -> int:
+    """Ctrl-C once `line` was printed; launch's exit code."""
+    try:
+        wait_for(lambda: line in lp.output(), 120, line)
+        lp.proc.send_signal(signal.SIGINT)
+        return lp.wait(timeout=60)
+    finally:
+        lp.kill()
+
+
+def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(project, tmp_path):
+    lp = LaunchProcess(["run", "--local", "--nodes", "2", "main.py", "--run-id", "stubborn",
+                        "--grace", "2", "--", "--mode", "term-ignore"], project,
+                       env={"LAUNCH_HOME": str(tmp_path / "home")})
+    assert _interrupt_when(lp, "LAUNCH_STEP step=6") == 130
+    assert wait_for(lambda: not run_pids("stubborn"), 10, "every process of the run gone")
+    assert summary_of(project / "runs" / "stubborn")["status"] == "interrupted"
+
+
+def test_a_job_that_forks_is_stopped_whole(project, tmp_path):
+    lp = LaunchProcess(["run", "--local", "--nodes", "2", "main.py", "--run-id", "forks",
+                        "--grace", "2", "--", "--mode", "fork"], project,
+                       env={"LAUNCH_HOME": str(tmp_path / "home")})
+    assert _interrupt_when(lp, "LAUNCH_STEP step=6") == 130
+    assert "forked child" in lp.output()
+    assert wait_for(lambda: not run_pids("forks"), 10, "every process of the run gone")
+
+
+def test_a_flood_of_output_loses_no_line_of_the_log(run_launch, project):
+    lines = 400_000   # ~36 MB
+    proc = run_launch("run", "--local", "--nodes", "1", "main.py", "--run-id", "flood",
+                      "--", "--mode", "flood", "--lines", str(lines), cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (project / "runs" / "flood" / "node0" / "node.log").read_text()
+    numbered = [line for line in log.splitlines() if line.startswith("node0/0: flood 0")]
+    assert len(numbered) == lines and numbered[-1].startswith(f"node0/0: flood {lines - 1:08d} ")
+    assert "node0/0: flood done" in log
+
+
+def test_output_that_is_not_utf8_is_kept(run_launch, project):
+    proc = run_launch("run", "--local", "--nodes", "1", "main.py", "--run-id", "bytes",
+                      "--", "--mode", "binary", cwd=project, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (project / "runs" / "bytes" / "node0" / "node.log").read_text()
+    assert "bytes" in log and "not utf-8" in log and "binary done" in log

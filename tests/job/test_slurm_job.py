@@ -1,0 +1,107 @@
+"""The user's own job as a Slurm batch job on the lab (slurmctld, a slurmd per network
+namespace): the project staged once on the shared filesystem, setup, restarts inside the job,
+`--resume` as a new job, a command with its own launcher, and the hang watch through
+`srun --overlap`. One lab for the module (tests/slurm/conftest.py); every test ends its jobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.slurm.conftest import job_processes, slurm_args, slurm_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.lab]
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_project(tmp_path / "project")
+
+
+def test_script_with_setup_and_args(slurm_lab, run_launch, project):
+    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--setup", SETUP,
+                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project,
+                      env=slurm_env(slurm_lab), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = results(proc.stdout)
+    assert sorted(seen) == [0, 1]
+    names = [h.name for h in slurm_lab.hosts]
+    for got in seen.values():
+        assert got["argv"] == HOSTILE_ARGS
+        assert got["package"] == "the user's own train package"
+        assert got["sees"] == ["setup-ran.txt"]
+        assert got["env"]["LAUNCH_NODE_ADDRS"].split(",") == [h.address
+                                                             for h in slurm_lab.hosts]
+        # Staged once, beside the runs, where every node reads it.
+        assert got["cwd"].startswith(str(project / "runs" / ".workdirs"))
+    assert {got["env"]["LAUNCH_NODE"] for got in seen.values()} == set(names)
+    assert {got["env"]["LAUNCH_NODE_RANK"] for got in seen.values()} == {"0", "1"}
+    run = project / "runs" / "own"
+    logs = [(run / name / "setup.log").read_text() for name in names]
+    assert sum("launch: setup done" in log for log in logs) == 1
+    assert json.loads((run / "summary.json").read_text())["progress"]["step"] == 4
+    assert job_processes(slurm_lab) == {}
+
+
+def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch, project):
+    env = slurm_env(slurm_lab)
+    # crash-once crashes in attempt 0 only: torchrun, inside the job, restarts the ranks.
+    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "restarts",
+                      "--max-restarts", "1", "--", "--mode", "crash-once", cwd=project,
+                      env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    summary = json.loads((project / "runs" / "restarts" / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and len(summary["restarts"]) == 1
+    # Without restarts the run fails; --resume submits a new job into its folder.
+    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "again",
+                      "--", "--mode", "crash-once", cwd=project, env=env, timeout=300)
+    assert proc.returncode == 1 and "rank 1 crashes once" in proc.stderr
+    proc = run_launch("run", *slurm_args(), "--resume", "again", cwd=project, env=env,
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    run = project / "runs" / "again"
+    assert (run / "attempts" / "1" / "job.sbatch").is_file()
+    assert json.loads((run / "summary.json").read_text())["attempt"] == 2
+    assert job_processes(slurm_lab) == {}
+
+
+def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_launch,
+                                                                   project):
+    """A command that fails ends the job's step; the job's script starts every node again
+    (a new srun step) with the next LAUNCH_ATTEMPT."""
+    recipe = project / "cmd.yml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "own-launcher", "nodes": 2, "workdir": ".", "restarts": 1,
+        "job": {"command": ["bash", "-c",
+                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
+                            '--nnodes "$LAUNCH_NUM_NODES" '
+                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
+                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
+                            "cmd"],
+                "args": ["--mode", "crash-once"]},
+    }))
+    proc = run_launch("run", *slurm_args(), str(recipe), "--run-id", "cmd", cwd=project,
+                      env=slurm_env(slurm_lab), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "starting every node again (restart 1 of 1)" in proc.stdout
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    # No torchrun of launch's and no rendezvous store: the command brought its own.
+    script = (project / "runs" / "cmd" / "job.sbatch").read_text()
+    assert "rdzv_store.py" not in script and "train/worker.py" not in script
+    assert job_processes(slurm_lab) == {}
+
+
+def test_a_hung_rank_is_found_through_srun_overlap(slurm_lab, run_launch, project):
+    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "hung",
+                      "--hang-timeout", "8", "--", "--mode", "hang", cwd=project,
+                      env=slurm_env(slurm_lab), timeout=300)
+    assert proc.returncode == 1
+    assert "stuck: rank 1 on node" in proc.stderr
+    dumps = sorted((project / "runs" / "hung" / "hang").glob("*.rank1.txt"))
+    assert dumps and "stuck_in_user_code" in dumps[0].read_text()
+    assert job_processes(slurm_lab) == {}

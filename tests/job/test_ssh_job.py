@@ -1,0 +1,107 @@
+"""The user's own job over SSH on the lab (hosts in network namespaces, each with its sshd): the
+project shipped to every host, setup, failure, resume and a command with its own launcher.
+One lab for the module: its hosts outlive each test, as real hosts do between runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from launcher.lab import Lab, lab_unavailable_reason
+from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.ssh.conftest import only_sshd_left
+
+pytestmark = [pytest.mark.slow, pytest.mark.lab]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    built = Lab.create(tmp_path_factory.mktemp("joblab") / "lab", hosts=2)
+    yield built
+    built.destroy()
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_project(tmp_path / "project")
+
+
+def test_script_ships_with_its_package_and_data_and_runs_setup(run_launch, lab, project):
+    inventory = str(lab.inventory)
+    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--setup", SETUP,
+                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = results(proc.stdout)
+    assert sorted(seen) == [0, 1]
+    for got in seen.values():
+        assert got["argv"] == HOSTILE_ARGS
+        assert got["package"] == "the user's own train package"
+        assert got["data"] == ["cat", "dog", "bird"]
+        assert got["sees"] == ["setup-ran.txt"]
+        assert got["cwd"].startswith(str(lab.dir)) and got["cwd"] == got["env"]["LAUNCH_WORKDIR"]
+        addrs = got["env"]["LAUNCH_NODE_ADDRS"].split(",")
+        assert addrs == [h.rank_address for h in lab.hosts]
+        assert got["env"]["LAUNCH_HEAD_ADDR"] == addrs[0]
+    # The lab's hosts share one filesystem, so they share the shipped folder: setup ran once.
+    logs = [(project / "runs" / "own" / h.name / "setup.log").read_text() for h in lab.hosts]
+    assert sum("launch: setup done" in log for log in logs) == 1
+    assert sum("launch: setup skipped" in log for log in logs) == 1
+    assert not (project / "pwned").exists()
+    assert only_sshd_left(lab) == {}
+
+
+def test_a_crash_then_resume_on_the_same_hosts(run_launch, lab, project):
+    inventory = str(lab.inventory)
+    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--run-id", "again",
+                      "--", "--mode", "crash-once", cwd=project, timeout=300)
+    assert proc.returncode == 1
+    assert "rank 1 crashes once" in proc.stderr
+    proc = run_launch("run", "-i", inventory, "--resume", "again", cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    # A new run that reuses the id starts afresh: the earlier run's state is not its own.
+    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--run-id", "again",
+                      "--runs-dir", "other-runs", cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from step" not in proc.stdout
+    assert only_sshd_left(lab) == {}
+
+
+def test_a_command_with_its_own_torchrun(run_launch, lab, project):
+    recipe = project / "cmd.yml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "own-launcher", "nodes": 2, "workdir": ".",
+        "job": {"command": ["bash", "-c",
+                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
+                            '--nnodes "$LAUNCH_NUM_NODES" '
+                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
+                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
+                            "cmd"],
+                "args": ["--label", "a b"]},
+    }))
+    proc = run_launch("run", "-i", str(lab.inventory), str(recipe), "--run-id", "cmd",
+                      cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = results(proc.stdout)
+    assert sorted(seen) == [0, 1] and all(g["argv"][-2:] == ["--label", "a b"]
+                                          for g in seen.values())
+    summary = json.loads((project / "runs" / "cmd" / "summary.json").read_text())
+    assert summary["job"]["kind"] == "command" and summary["progress"]["step"] == 6
+    assert only_sshd_left(lab) == {}
+
+
+def test_a_command_missing_on_the_hosts_is_named_before_anything_starts(run_launch, lab,
+                                                                           project):
+    recipe = project / "missing.yml"
+    recipe.write_text(yaml.safe_dump({"name": "missing", "nodes": 2, "workdir": ".",
+                                      "job": {"command": ["no-such-launcher", "main.py"]}}))
+    proc = run_launch("run", "-i", str(lab.inventory), str(recipe), cwd=project, timeout=120)
+    assert proc.returncode == 2
+    assert "job.command no-such-launcher: not found on the node" in proc.stderr
+    assert all(h.name in proc.stderr for h in lab.hosts)
+    assert "Traceback" not in proc.stderr
