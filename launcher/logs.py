@@ -29,6 +29,27 @@ class Progress:
     images_per_sec: float
 
 
+class LineSink:
+    """A file-like sink for an output thread (fabric's) that hands `line` whole lines."""
+
+    def __init__(self, line):
+        self._line, self._partial = line, ""
+
+    def write(self, data: str) -> None:
+        self._partial += data
+        *lines, self._partial = self._partial.split("\n")
+        for text in lines:
+            self._line(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+
+
 def split_rank(line: str) -> tuple[str, str]:
     """('0', 'text') for a worker line, ('agent', line) for torchrun's own lines."""
     m = _TEE_PREFIX.match(line)

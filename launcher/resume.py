@@ -68,12 +68,19 @@ def find_resume_point(runs_dir: str, run_id: str, recipe_arg: str | None) -> Res
 
 
 def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_size: int,
-                 checkpoint_must_be_here: bool) -> list[str]:
+                 checkpoint_must_be_here: bool, placed_later: bool = False) -> list[str]:
     """Refuses (ResumeError, exit 2) what would break the checkpoint; returns notes for
     people. `checkpoint_must_be_here`: the head's folder is on this machine (local runs);
-    over SSH the head's own disk may hold checkpoints that were never fetched."""
+    over SSH the head's own disk may hold checkpoints that were never fetched.
+    `placed_later`: the nodes are named when the run starts (Slurm): only their number must
+    match."""
     run_id = point.folder.root.name
-    if nodes != point.node_names:
+    if placed_later:
+        if len(nodes) != len(point.node_names):
+            raise ResumeError(f"--resume {run_id}: the run ran on {len(point.node_names)} "
+                              f"node(s) and would now run on {len(nodes)}; pass --nodes "
+                              f"{len(point.node_names)}")
+    elif nodes != point.node_names:
         raise ResumeError(
             f"--resume {run_id}: the run ran on {', '.join(point.node_names)} (head "
             f"{point.node_names[0]}, which holds the checkpoints) and would now run on "

@@ -119,6 +119,7 @@ class SlurmJob:
     setup_key: str | None = None  # launcher/jobsetup.py: when setup runs again
     recovery: Recovery = field(default_factory=Recovery)
     attempt_base: int = 0        # LAUNCH_ATTEMPT of the first step (earlier attempts: --resume)
+    recipe_base_dir: str | None = None   # where the recipe's relative paths start (RunPlan)
 
     @property
     def world_size(self) -> int:
@@ -355,7 +356,8 @@ exit "$status"
         return {
             "run_id": self.run_id,
             "backend": "slurm",
-            "recipe": {"name": self.recipe_name, "source": self.recipe_source},
+            "recipe": {"name": self.recipe_name, "source": self.recipe_source,
+                       "base_dir": self.recipe_base_dir},
             "rendezvous": {"backend": "c10d", "endpoint": self.rdzv_endpoint,
                            "id": self.run_id},
             "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
@@ -403,7 +405,8 @@ exit "$status"
                        nproc_per_node=self.nproc_per_node, nodes=commands,
                        notes=self.notes, job=self.job, workdir=self.workdir,
                        store=place(self.store, head_name, head_addr, True)
-                       if self.store else None, recovery=self.recovery)
+                       if self.store else None, recovery=self.recovery,
+                       recipe_base_dir=self.recipe_base_dir)
 
 
 _FACTS = re.compile(r"^launch: node (?P<node>\S+): address (?P<addr>\S+), interface "

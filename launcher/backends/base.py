@@ -118,11 +118,7 @@ def in_parallel(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int
 
 
 def trainer_code_dir() -> Path:
-    """The folder holding launch's train/ (a checkout, or site-packages for an installed
-    wheel): beside the launcher package, never found through the import path, where a user's
-    own package called `train` (their project is the current folder) would be taken for it."""
-    base = Path(__file__).resolve().parents[2]
-    if not (base / "train" / "worker.py").is_file():
-        raise LauncherError(f"cannot find launch's trainer package in {base / 'train'}; "
-                            "reinstall launch")
-    return base
+    """The folder holding launch's train/ (launcher/bundled.py install_root)."""
+    from launcher.bundled import install_root
+
+    return install_root()

@@ -138,7 +138,7 @@ class SlurmBackend:
                         settings=settings, node=planned.nodes[0], store=planned.store,
                         notes=tuple(notes), job=job, workdir=workdir,
                         setup_key=key if job.setup else None, recovery=planned.recovery,
-                        attempt_base=attempt)
+                        attempt_base=attempt, recipe_base_dir=planned.recipe_base_dir)
 
     def preflight(self, recipe: Recipe | None, count: int) -> Partition:
         """Slurm's client commands are here and the partition has `count` nodes that take

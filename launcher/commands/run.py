@@ -198,7 +198,8 @@ def main(args) -> int:
         from launcher.resume import check_resume
 
         notes = check_resume(point, recipe, [n.name for n in nodes], plan.world_size,
-                             checkpoint_must_be_here=backend.kind == "local")
+                             checkpoint_must_be_here=backend.kind == "local",
+                             placed_later=backend.kind == "slurm")
         for note in notes:
             print(f"launch: {note}", file=sys.stderr)
     if args.dry_run:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.jobsetup import SETUP_LOG, setup_argv, setup_key
+from launcher.logs import LineSink
 from launcher.plan import NodeCommand, RunPlan
 
 SETUP_LABEL = "setup"
@@ -160,27 +161,6 @@ def prepare_local(plan: RunPlan, manifest) -> Callable | None:
     return prepare
 
 
-class _LineSink:
-    """A file-like sink for fabric's output threads that hands out whole lines."""
-
-    def __init__(self, line: Callable[[str], None]):
-        self._line, self._partial = line, ""
-
-    def write(self, data: str) -> None:
-        self._partial += data
-        *lines, self._partial = self._partial.split("\n")
-        for text in lines:
-            self._line(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._partial:
-            self._line(self._partial)
-            self._partial = ""
-
-
 def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
     """What an SSH run does before its job, the workdir being shipped by preflight already:
     setup on every node at once, over the node's connection, started like a node agent (its
@@ -206,7 +186,7 @@ def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
                           posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
                           "env", *[f"{k}={v}" for k, v in env.items()],
                           *setup_argv(key, job.setup))
-            out, err = _LineSink(log.line), _LineSink(log.line)
+            out, err = LineSink(log.line), LineSink(log.line)
             try:
                 result = proc.connection().run(line, hide=True, warn=True, pty=False,
                                                in_stream=False, out_stream=out,

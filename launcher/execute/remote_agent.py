@@ -17,6 +17,7 @@ from fabric import Connection
 
 from launcher.errors import LauncherError
 from launcher.inventory import Node
+from launcher.logs import LineSink
 from launcher.plan import NodeCommand
 from launcher.runfolder import STAMP_ENV
 from launcher.ssh import SshOptions, connect, remote
@@ -82,27 +83,6 @@ def remove_tree(conn: Connection, node_dir: str) -> None:
                     node_dir, parent), hide=True, warn=True, in_stream=False, timeout=60)
 
 
-class _LineQueue:
-    """A file-like sink for fabric's output threads that hands out whole lines."""
-
-    def __init__(self, out: queue.Queue):
-        self.out, self.partial = out, ""
-
-    def write(self, data: str) -> None:
-        self.partial += data
-        *lines, self.partial = self.partial.split("\n")
-        for line in lines:
-            self.out.put(line)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.partial:
-            self.out.put(self.partial)
-            self.partial = ""
-
-
 class SshNodeProcess:
     """One node agent over SSH. `start()` may be called again after it ended (a restart): each
     start has its own output queue, so the previous start's reader drains its own lines and
@@ -128,8 +108,8 @@ class SshNodeProcess:
 
     def _new_output(self) -> None:
         self._lines: queue.Queue = queue.Queue()
-        self._out = _LineQueue(self._lines)
-        self._err = _LineQueue(self._lines)
+        self._out = LineSink(self._lines.put)
+        self._err = LineSink(self._lines.put)
 
     def connection(self) -> Connection:
         """The node's connection, a new one if it dropped (restarts, probes, fetching)."""

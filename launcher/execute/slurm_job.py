@@ -469,6 +469,7 @@ def _never_ran(job: SlurmJob, folder: RunFolder, watch: JobWatch, display, slurm
     final = watch.wait_final(FINAL_WAIT_S)
     display.message(final.describe())
     folder.write_json("plan.json", job.to_json())
-    _record(folder, slurm_doc, final, "failed", reason, interrupted=code != 1)
+    _record(folder, slurm_doc, final, "interrupted" if code != 1 else "failed", reason,
+            interrupted=code != 1)
     raise RunFailed(f"run {job.run_id} failed: {reason}; cancelled it. Script and summary kept "
                     f"in {folder.root}", exit_code=code)

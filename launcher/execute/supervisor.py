@@ -134,10 +134,11 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|remo
 
 
 def failure_evidence(lines: list[str]) -> int:
-    """How surely a failed node's last lines say the failure began there: exit_evidence of
-    its dead workers (2, 1), else 0, or -1 when its workers only lost a peer."""
+    """How surely a failed node's last lines say the failure began there: 2 a worker killed
+    by a signal; -1 its workers lost a peer (gloo's abort after a reset, SIGABRT, included);
+    1 a worker that aborted itself otherwise; else 0."""
     found = signal_death_evidence(lines)
-    if found == 0 and any(PEER_LOST.search(line) for line in lines):
+    if found < 2 and any(PEER_LOST.search(line) for line in lines):
         return -1
     return found
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 MAIN = r'''
 import json, os, signal, socket, subprocess, sys, time
 
@@ -158,3 +160,19 @@ def results(output: str) -> dict[int, dict]:
 # Arguments that must arrive verbatim: a shell would split, expand or run them.
 HOSTILE_ARGS = ["--label", "two words", "a;b", "$HOME", "`touch pwned`", "$(touch pwned2)",
                 "'quoted'", "--steps", "4"]
+
+
+# A job that brings its own launcher: a torchrun line of its own, from the LAUNCH_* variables
+# (static rendezvous on the head, node rank given).
+OWN_TORCHRUN = ["bash", "-c",
+                'exec "$LAUNCH_PYTHON" -m torch.distributed.run --nnodes "$LAUNCH_NUM_NODES" '
+                '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
+                '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"', "cmd"]
+
+
+def command_recipe(project: Path, name: str, args: list[str], **more) -> Path:
+    """A recipe whose job is OWN_TORCHRUN on 2 nodes, with main.py's `args`."""
+    path = project / f"{name}.yml"
+    path.write_text(yaml.safe_dump({"name": name, "nodes": 2, "workdir": ".",
+                                    "job": {"command": OWN_TORCHRUN, "args": args}, **more}))
+    return path

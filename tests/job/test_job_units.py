@@ -187,6 +187,8 @@ def test_a_node_whose_rank_only_lost_its_peer_is_not_where_it_began():
     assert failure_evidence(["n0/0: " + GLOO_PEER_GONE]) == -1
     assert failure_evidence(["n1/0: ValueError: user code failed"]) == 0
     assert failure_evidence(["n1/agent:   exitcode  : -9 (pid: 7)", GLOO_PEER_GONE]) == 2
+    # gloo aborts a rank whose peer went away (SIGABRT): still a victim.
+    assert failure_evidence([GLOO_PEER_GONE, "n0/agent:   exitcode  : -6 (pid: 8)"]) == -1
 
 
 def test_a_restart_incident_moves_to_the_node_that_did_not_lose_a_peer():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.run.conftest import LaunchProcess, run_pids, wait_for
 
 pytestmark = pytest.mark.slow
@@ -150,17 +150,8 @@ def test_a_job_computing_silently_is_not_hung(run_launch, project, tmp_path):
 
 
 def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch, project):
-    recipe = project / "cmd.yml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "own-launcher", "nodes": 2, "workdir": ".", "restarts": 1,
-        "job": {"command": ["bash", "-c",
-                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
-                            '--nnodes "$LAUNCH_NUM_NODES" '
-                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
-                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
-                            "cmd"],
-                "args": ["--mode", "crash-once", "--label", "a b"]},
-    }))
+    recipe = command_recipe(project, "cmd", ["--mode", "crash-once", "--label", "a b"],
+                            restarts=1)
     proc = run_launch("run", "--local", str(recipe), "--run-id", "cmd", cwd=project,
                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

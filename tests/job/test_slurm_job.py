@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -74,17 +73,7 @@ def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_
                                                                    project):
     """A command that fails ends the job's step; the job's script starts every node again
     (a new srun step) with the next LAUNCH_ATTEMPT."""
-    recipe = project / "cmd.yml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "own-launcher", "nodes": 2, "workdir": ".", "restarts": 1,
-        "job": {"command": ["bash", "-c",
-                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
-                            '--nnodes "$LAUNCH_NUM_NODES" '
-                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
-                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
-                            "cmd"],
-                "args": ["--mode", "crash-once"]},
-    }))
+    recipe = command_recipe(project, "cmd", ["--mode", "crash-once"], restarts=1)
     proc = run_launch("run", *slurm_args(), str(recipe), "--run-id", "cmd", cwd=project,
                       env=slurm_env(slurm_lab), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from launcher.lab import Lab, lab_unavailable_reason
-from tests.job.project import HOSTILE_ARGS, SETUP, results, write_project
+from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.ssh.conftest import only_sshd_left
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -73,17 +73,7 @@ def test_a_crash_then_resume_on_the_same_hosts(run_launch, lab, project):
 
 
 def test_a_command_with_its_own_torchrun(run_launch, lab, project):
-    recipe = project / "cmd.yml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "own-launcher", "nodes": 2, "workdir": ".",
-        "job": {"command": ["bash", "-c",
-                            'exec "$LAUNCH_PYTHON" -m torch.distributed.run '
-                            '--nnodes "$LAUNCH_NUM_NODES" '
-                            '--nproc-per-node 1 --node-rank "$LAUNCH_NODE_RANK" --master-addr '
-                            '"$LAUNCH_HEAD_ADDR" --master-port "$LAUNCH_RDZV_PORT" main.py "$@"',
-                            "cmd"],
-                "args": ["--label", "a b"]},
-    }))
+    recipe = command_recipe(project, "cmd", ["--label", "a b"])
     proc = run_launch("run", "-i", str(lab.inventory), str(recipe), "--run-id", "cmd",
                       cwd=project, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

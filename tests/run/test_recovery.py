@@ -104,7 +104,7 @@ def test_ctrl_c_then_resume_continues_from_the_last_checkpoint(background_launch
     assert summary["attempt"] == 2 and summary["resumed_from_step"] == saved
     assert f"resumed from checkpoint step {saved}" in proc.stdout
     earlier = json.loads((run_dir / "attempts/1/summary.json").read_text())
-    assert earlier["status"] == "failed" and earlier["failure"]["interrupted"]
+    assert earlier["status"] == "interrupted" and earlier["failure"]["interrupted"]
     # Earlier logs kept: both attempts' lines are in the node's log.
     assert (run_dir / "node0/node.log").read_text().count("node0/0: rank ") == 2
     assert summary["eval_accuracy"] == pytest.approx(summary_of(reference)["eval_accuracy"],

@@ -106,8 +106,9 @@ def test_sigint_cancels_the_job(slurm_lab, tmp_path):
         run.kill()
     assert code == 130, run.output()[-3000:]
     assert "launch received SIGINT" in run.output()
+    assert "Traceback" not in run.output()
     summary = json.loads((tmp_path / "runs/slurm-int/summary.json").read_text())
-    assert summary["failure"]["interrupted"] is True
+    assert summary["failure"]["interrupted"] is True and summary["status"] == "interrupted"
     assert summary["slurm"]["state"] == "CANCELLED"
     assert {n["status"] for n in summary["nodes"]} == {"stopped"}
     wait_for(lambda: job_processes(slurm_lab) == {}, 5, "no job process on any node")

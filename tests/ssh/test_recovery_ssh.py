@@ -37,9 +37,12 @@ def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tm
     run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
                          "--run-id", "ssh-rec", "--rdzv-port", "29631", "--max-restarts", "2",
                          "--hang-timeout", "10"], tmp_path)
-    head_checkpoints = lab.dir / "node-runs" / "ssh-rec" / "host0" / files.CHECKPOINT_DIR
     stopped = None
     try:
+        # The head's folder is the run's own: <run id>.<the run's uid>/host0.
+        head = wait_for(lambda: next((lab.dir / "node-runs").glob("ssh-rec.*/host0"), None), 120,
+                        "the head's run folder")
+        head_checkpoints = head / files.CHECKPOINT_DIR
         wait_for(lambda: files.latest(head_checkpoints) and lab_agent_pid(lab, "host1", "ssh-rec"),
                  240, "the first checkpoint on the head")
         os.kill(lab_agent_pid(lab, "host1", "ssh-rec"), signal.SIGKILL)

@@ -86,9 +86,10 @@ def test_sigint_stops_all_hosts_with_exit_130(lab, tmp_path):
         run.kill()
     assert code == 130
     assert "SIGINT" in run.output()
+    assert "Traceback" not in run.output() and "SignalException" not in run.output()
     assert only_sshd_left(lab) == {}
     summary = json.loads((tmp_path / "runs/ssh-int/summary.json").read_text())
-    assert summary["failure"]["interrupted"] is True
+    assert summary["failure"]["interrupted"] is True and summary["status"] == "interrupted"
 
 
 def test_two_runs_at_once_one_interrupted_other_finishes(lab, tmp_path):
