@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from launcher import __version__
 from launcher.errors import LauncherError
@@ -56,15 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except LauncherError as err:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         print(f"launch: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         print("launch: interrupted", file=sys.stderr)
         return 130
+
+
+def _traceback_if(debug: bool) -> None:
+    """--debug adds the traceback to the message and changes nothing else: the same message
+    and exit code follow it (scripts that test for exit 2 behave the same with it)."""
+    if debug:
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":

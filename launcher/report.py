@@ -548,16 +548,21 @@ def _recovery_lines(recovery: dict) -> list[str]:
     return lines
 
 
-def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
-    """Writes report.json and report.md into the run folder; returns the report."""
-    run_dir = Path(run_dir)
+def checked_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
+    """build_report, with a foreign run folder named instead of a traceback."""
     try:
-        report = build_report(run_dir, bench=bench)
+        return build_report(run_dir, bench=bench)
     except (KeyError, TypeError, AttributeError, IndexError) as err:
         # A hand-edited or foreign plan.json/summary.json: say which, not where it broke.
         raise ReportError(f"{run_dir}: plan.json or summary.json is not what launch writes "
                           f"({type(err).__name__}: {shorten(str(err), 120)}); the run's logs "
                           "are still in its node folders") from None
+
+
+def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
+    """Writes report.json and report.md into the run folder; returns the report."""
+    run_dir = Path(run_dir)
+    report = checked_report(run_dir, bench=bench)
     try:
         for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
                            (REPORT_MD, render_markdown(report))):
