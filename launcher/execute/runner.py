@@ -54,9 +54,8 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "final_loss": result.get("final_loss"),
         "eval_accuracy": result.get("eval_accuracy"),
         "train_time_s": result.get("train_time_s"),
-        "comm_share": result.get("comm_share"),
-        "comm_wait_s": result.get("comm_wait_s"),
-        "compute_s": result.get("compute_s"),
+        # The mean step and its mean parts: compute + data wait + communication wait.
+        "step_split": result.get("step_split"),
         "tx_bytes_per_step": result.get("tx_bytes_per_step"),
         # Which interface counter each figure comes from; nodes sharing one (local nodes on
         # loopback) are one entry, counted once.
@@ -65,7 +64,7 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "ddp": result.get("ddp"),
         "auto": result.get("auto"),
         # Ranks whose own compute held every step back (train/stragglers.py), and every rank's
-        # medians: busy time split into compute, data wait and exposed communication wait.
+        # step split as step_split's (means: compute, data wait, exposed communication wait).
         "stragglers": result.get("stragglers"),
         "rank_times": result.get("rank_times"),
         "started_at": started,

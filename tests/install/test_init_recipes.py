@@ -126,7 +126,8 @@ def test_init_refuses_an_unknown_recipe_and_a_file_as_folder(run_launch, tmp_pat
 
 
 @pytest.mark.parametrize("folder, name", [
-    ("exp 1", "exp-1"), ("résumé", "r-sum"), ("..", None), ("a$(touch pwned)`id`", "a-touch-pwned-id"),
+    ("exp 1", "exp-1"), ("résumé", "r-sum"), ("..", None),
+    ("a$(touch pwned)`id`", "a-touch-pwned-id"),
     ("-x", "x"), ("1e3", "1e3"), ("true", "true"),
 ])
 def test_init_names_the_recipe_after_its_folder_and_its_next_lines_paste_safely(
