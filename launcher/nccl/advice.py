@@ -131,10 +131,12 @@ def training_advice(split: dict | None, comm_hook: str | None, auto: dict | None
                 f"{COMM_SHARE_HIGH:.0%} compression has nothing to gain"]
     measured = MEASURED.get(kind)
     where = LINK_WORDS.get(kind, "links of an unknown kind")
-    if kind == ONE_MACHINE:
-        return [f"nothing to change: {_waits(split)}, but over {where}, not a cluster's "
-                f"links; {_measured_words(measured, ADVISED)}"]
-    if measured is not None and measured.helps:
+    if measured is not None and not measured.helps:
+        why = f", but over {where}, not a cluster's links" if kind == ONE_MACHINE else \
+            f" over {where}"
+        return [f"nothing to change: {_waits(split)}{why}; "
+                f"{_measured_words(measured, ADVISED)}"]
+    if measured is not None:
         return [f"{_waits(split)} over {where}: set {ADVISED}; "
                 f"{_measured_words(measured, 'them')}; the trainer keeps PowerSGD only if a "
                 "trial on this run's links shows it faster without its loss straying from "

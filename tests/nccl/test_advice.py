@@ -104,3 +104,13 @@ def test_the_measured_table_is_what_the_benchmark_measured():
         assert (measured.pairs, measured.speed, measured.worst_accuracy_points) == \
             (summary["pairs"], summary["speed"], summary["worst_accuracy_points"])
     assert results["link_cap"] in MEASURED[TCP].link
+
+
+def test_a_measurement_that_shows_no_gain_advises_nothing(monkeypatch):
+    """Should a new benchmark find the change no faster on TCP, the advice follows it."""
+    monkeypatch.setitem(MEASURED, TCP, advice.Measured("a link", 3, 0.97, 0.0))
+    [said] = training_advice(split(0.41), "none", None, TCP, False)
+    assert said.startswith("nothing to change: 41% of each step (0.0820 s of 0.2000 s, mean of "
+                           "327 steps) waits on communication over TCP between hosts; launch's "
+                           "benchmark measured the demo with ddp.comm_hook: auto and "
+                           "ddp.bucket_cap_mb: auto at 0.97x the speed")
