@@ -9,26 +9,27 @@ bucket_cap_mb: auto times all-reduces of two sizes in rounds (every rank takes p
 slowest rank's times count) and sizes the buckets from each round's fit; it takes the median
 once the last MIN_ROUNDS rounds agree within BUCKET_MARGIN, else keeps DDP's default.
 
-comm_hook: auto, on the same rule with the same numbers on every rank (all-reduced first):
-1. Measure plain all-reduce after the first SKIP steps: each step's share of time spent
-   waiting on communication. A one-sided sign test at ALPHA says whether the share is above
-   AUTO_MIN_COMM_SHARE (go on to 2) or below it ("none: nothing to gain") once MIN_SAMPLES
-   steps are in; MAX_SAMPLES steps without a clear answer end "undecided", plain all-reduce
-   kept.
+comm_hook: auto, on the same rule with the same numbers on every rank (all-reduced first; the
+constants are train/options.py's):
+1. Measure plain all-reduce after the first AUTO_SKIP_STEPS steps: each step's share of time
+   spent waiting on communication. A one-sided sign test at AUTO_ALPHA says whether the share
+   is above AUTO_MIN_COMM_SHARE (go on to 2) or below it ("none: nothing to gain") once
+   AUTO_MIN_SAMPLES steps are in; AUTO_MAX_SAMPLES steps without a clear answer end
+   "undecided", plain all-reduce kept.
 2. The trial, not before PowerSGD's warm-up is over: the larger of `ddp.powersgd.start_iter`
    and the learning-rate warm-up (the PowerSGD hook's documentation: compressing before the
    warm-up ends can set training on a trajectory it does not recover from; the paper trains
    with a learning-rate warm-up, warm start and error feedback, which auto keeps on). A round
-   forks the run (train/trial.py): ROUND_STEPS steps with plain all-reduce, then the same
-   steps again from the same state on the same batches with PowerSGD. Step i of one branch
-   and step i of the other did the same work, so their times pair up (the first pair, which
-   allocates PowerSGD's matrices, is left out) and their losses differ only by what
-   compression did to the trajectory. Each pair's gain is 1 - t_powersgd / t_plain; the sign
-   test against MIN_GAIN decides "powersgd" (the run goes on from the PowerSGD branch) or
-   "none" (from the plain one) once MIN_PAIRS pairs are in; MAX_ROUNDS rounds without a clear
+   forks the run (train/trial.py): AUTO_ROUND_STEPS steps with plain all-reduce, then the same
+   steps again from the same state on the same batches with PowerSGD. Step i of one branch and
+   step i of the other did the same work, so their times pair up (the first pair, which
+   allocates PowerSGD's matrices, is left out) and their losses differ only by what compression
+   did to the trajectory. Each pair's gain is 1 - t_powersgd / t_plain; the sign test against
+   AUTO_MIN_GAIN decides "powersgd" (the run goes on from the PowerSGD branch) or "none" (from
+   the plain one) once AUTO_MIN_PAIRS pairs are in; AUTO_MAX_ROUNDS rounds without a clear
    answer end "undecided", plain all-reduce kept.
-3. The guard, in every round: when the PowerSGD branch's loss over the round's second half
-   lies more than AUTO_GUARD_EXCESS above the plain branch's on the same batches, compression is
+3. The guard, in every round: when the PowerSGD branch's loss over the round's second half lies
+   more than AUTO_GUARD_EXCESS above the plain branch's on the same batches, compression is
    steering training off the plain trajectory; auto falls back to plain all-reduce, whatever
    the speed, and says so in the log, result.json and the report.
 """
