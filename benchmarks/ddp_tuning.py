@@ -78,8 +78,9 @@ def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, por
         "bytes_per_step": max(per_host.values()) if per_host else None,
         "bytes_per_step_per_host": per_host,
         "accuracy": result["eval_accuracy"],
-        "compute_s": result.get("compute_s"),
-        "comm_s": result.get("comm_wait_s"),
+        # The mean step's parts (train/stepsplit.py): compute + data wait + comm wait.
+        "compute_s": result["step_split"]["compute_s"] + result["step_split"]["data_wait_s"],
+        "comm_s": result["step_split"]["comm_wait_s"],
         "steps": result["steps"],
         "auto": result.get("auto"),
         "bucket_cap_mb": result["ddp"]["bucket_cap_mb"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from launcher import __version__
 from launcher.errors import LauncherError
@@ -53,27 +54,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     # `launch run train.py -- --epochs 3`: everything after the first `--` is the job's own,
-    # verbatim (argparse would read options there, or refuse positionals after others).
-    before, job_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
-        if "--" in argv else (argv, None)
-    args = parser.parse_args(before)
-    if job_args is not None:
-        if not getattr(args, "takes_job_args", False):
-            parser.error(f"`--` passes arguments to your script: only `launch run` takes "
-                         f"them (launch {args.command} does not)")
-        args.job_args = job_args
+    # verbatim (argparse would read options there, or refuse positionals after others). Other
+    # commands keep `--` as argparse's end of options.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "run" and "--" in argv[argv.index("run"):]:
+        split = argv.index("--", argv.index("run"))
+        args = parser.parse_args(argv[:split])
+        args.job_args = argv[split + 1:]
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except LauncherError as err:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         print(f"launch: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         print("launch: interrupted", file=sys.stderr)
         return 130
+
+
+def _traceback_if(debug: bool) -> None:
+    """--debug adds the traceback to the message and changes nothing else: the same message
+    and exit code follow it (scripts that test for exit 2 behave the same with it)."""
+    if debug:
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -21,3 +21,15 @@ def cluster_dir(cluster: str, home: Path | None = None) -> Path:
 def cluster_inventory(cluster: str) -> Path:
     """The inventory `launch provision` wrote for the cluster (what --cluster NAME reads)."""
     return cluster_dir(cluster) / "inventory.yml"
+
+
+def inventory_for(cluster: str) -> Path:
+    """`--cluster NAME` of any command: the cluster's inventory, which must be there."""
+    from launcher.errors import LauncherError
+    from launcher.names import path_component
+
+    path = cluster_inventory(path_component(cluster, "--cluster"))
+    if not path.is_file():
+        raise LauncherError(f"--cluster {cluster}: no inventory at {path}; `launch provision "
+                            f"--cluster {cluster}` writes it (or pass -i)")
+    return path

@@ -18,7 +18,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
 
 from launcher.errors import RecipeError
 from launcher.yamlfile import YamlFileError, load_yaml_file, shorten
-from train.options import AUTO, AUTO_MEASURE_STEPS, AUTO_TRIAL_STEPS, BY_KEY
+from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, auto_trial_steps,
+                           lr_warmup_steps)
 
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
@@ -498,6 +499,14 @@ def _combination_errors(recipe: Recipe) -> list[tuple[str, str]]:
             f"is {ps.start_iter}, but error_feedback/warm_start need start_iter > 1 (DDP "
             "rebuilds its buckets after the first iterations); use 2 or more, or turn both off",
         ))
+    if recipe.ddp.comm_hook == AUTO and not (ps.error_feedback and ps.warm_start):
+        off = "error_feedback" if not ps.error_feedback else "warm_start"
+        problems.append((
+            f"ddp.powersgd.{off}",
+            "is off, but comm_hook auto runs PowerSGD as its paper does, with error feedback "
+            "and warm start (without them compression loses accuracy); leave both on, or set "
+            "comm_hook: powersgd to choose by hand",
+        ))
     if recipe.ddp.static_graph and recipe.train.grad_accum_steps > 1:
         problems.append((
             "ddp.static_graph",
@@ -548,8 +557,8 @@ def _explain(err: dict) -> str:
     got = err.get("input")
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(str(err["loc"][-1]), _keys_beside(err["loc"]), n=1)
-        hint = f"did you mean `{close[0]}`?" if close else "check the spelling"
-        return f"unknown key ({hint} The recipe reference is in README.md)"
+        hint = f"did you mean `{close[0]}`?" if close else "check the spelling."
+        return f"unknown key ({hint} The recipe reference is in README.md.)"
     if kind == "missing":
         return "required key is missing"
     msg = msg.removeprefix("Value error, ")
@@ -621,15 +630,17 @@ def recipe_warnings(recipe: Recipe) -> list[str]:
             "checkpoint: {every_steps: 100})")
     steps = recipe.train.steps if recipe.train is not None else None
     if recipe.train is not None and recipe.ddp.comm_hook == AUTO and steps is not None:
+        trial = auto_trial_steps(recipe.ddp.powersgd.start_iter,
+                                 lr_warmup_steps(recipe.train.warmup_steps, steps))
         if steps < AUTO_MEASURE_STEPS:
             warnings.append(
                 f"{recipe.source}: ddp.comm_hook auto needs {AUTO_MEASURE_STEPS} steps to "
                 f"measure communication and train.steps is {steps}: the run keeps plain "
                 "all-reduce and records auto as undecided")
-        elif steps < AUTO_TRIAL_STEPS:
+        elif steps < trial:
             warnings.append(
                 f"{recipe.source}: ddp.comm_hook auto may start a PowerSGD trial that needs "
-                f"{AUTO_TRIAL_STEPS} steps and train.steps is {steps}: auto may end undecided")
+                f"{trial} steps and train.steps is {steps}: auto may end undecided")
     return warnings
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,6 +29,7 @@ from launcher.nccl.links import LinkPeak, efa_interfaces, interconnect_class
 from launcher.nccl.summary import human_bytes
 from launcher.nccl.topology import Topology, parse_topology
 from launcher.yamlfile import shorten
+from train.stepsplit import split_of_totals
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -209,7 +211,7 @@ def _bench_folders(run_dir: Path, names: list[str]) -> list[Path]:
 
 
 def _bandwidth(run_dir: Path, names: list[str], bench: Path | None,
-               types: list[str | None]) -> tuple[dict, list[str]]:
+               types: list[str | None], transports_shown: bool) -> tuple[dict, list[str]]:
     paths = [bench] if bench is not None else _bench_folders(run_dir, names)
     if not paths:
         return {"source": None}, []
@@ -232,26 +234,26 @@ def _bandwidth(run_dir: Path, names: list[str], bench: Path | None,
         warnings.append(f"the bench counted {doc['wrong_total']} wrong elements: the collective "
                         "returned corrupt data; do not trust its timings")
     if comparison is not None and comparison.busbw_ratio < LOW_PEAK_RATIO:
+        look = " (check the transports above)" if transports_shown else ""
         warnings.append(f"measured peak bus bandwidth {comparison.busbw:.2f} GB/s is "
                         f"{comparison.busbw_ratio:.0%} of {comparison.peak.label}: the links are "
-                        "not used at their speed (check the transports above)")
+                        f"not used at their speed{look}")
     return out, warnings
 
 
 def _training(run_dir: Path, summary: dict | None, names: list[str],
               warnings: list[str]) -> dict | None:
     """The trainer's numbers: result.json of the node that held rank 0, else (a run that did
-    not finish) the logged steps in metrics.jsonl."""
+    not finish) the logged steps in metrics.jsonl. `split` is the mean step and its mean parts
+    (train/stepsplit.py); `median_step_s` the step behind images/s."""
     rank0 = (summary or {}).get("rank0_node")
     for name in dict.fromkeys([rank0, *names] if rank0 else names):
         result = _optional_json(run_dir / name / "result.json", warnings)
         if result is not None:
             out = {"source": f"{name}/result.json",
                    "images_per_sec": result.get("images_per_sec"),
-                   "step_time_s": result.get("step_time_s"),
-                   "comm_wait_s": result.get("comm_wait_s"),
-                   "compute_s": result.get("compute_s"),
-                   "comm_share": result.get("comm_share"),
+                   "median_step_s": result.get("step_time_s"),
+                   "split": result.get("step_split"),
                    "comm_hook": (result.get("ddp") or {}).get("comm_hook"),
                    "auto": result.get("auto")}
             if "stragglers" in result:   # trainers before straggler detection have none
@@ -269,19 +271,17 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
             continue  # the line being written when the run was killed
     if not records:
         return None
-
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in records if r.get(key) is not None]
-        return round(sum(values) / len(values), 6) if values else None
-
-    timed = [r for r in records if r.get("comm_wait_s") is not None and r.get("step_time_s")]
-    total = sum(r["step_time_s"] for r in timed)
-    return {"source": "metrics.jsonl", "images_per_sec": mean("images_per_sec"),
-            "step_time_s": mean("step_time_s"), "comm_wait_s": mean("comm_wait_s"),
-            "compute_s": mean("compute_s"),
-            "comm_share": round(sum(r["comm_wait_s"] for r in timed) / total, 4)
-            if total else None,
-            "comm_hook": None, "auto": None}
+    speeds = [r["images_per_sec"] for r in records if r.get("images_per_sec") is not None]
+    # Each record's split covers its log interval: weighted by its steps, they combine into
+    # the split of every logged step.
+    parts = [r["split"] for r in records if isinstance(r.get("split"), dict)]
+    split = split_of_totals(sum(p["steps"] for p in parts),
+                            *(sum(p[key] * p["steps"] for p in parts)
+                              for key in ("step_s", "data_wait_s", "comm_wait_s"))) \
+        if parts else None
+    return {"source": "metrics.jsonl",
+            "images_per_sec": round(statistics.median(speeds), 3) if speeds else None,
+            "median_step_s": None, "split": split, "comm_hook": None, "auto": None}
 
 
 def _backend(run_dir: Path, nodes: list[dict]) -> str | None:
@@ -324,7 +324,8 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         warnings.append("nodes run different NCCL versions: " + ", ".join(
             f"{name} {version}" for name, version in versions.items()))
     bandwidth, bench_warnings = _bandwidth(
-        run_dir, names, Path(bench).resolve() if bench else None, types)
+        run_dir, names, Path(bench).resolve() if bench else None, types,
+        _transports_shown(entries))
     warnings += bench_warnings
     workload = _workload(plan)
     training = _training(run_dir, summary, names, warnings) if workload == "train" else None
@@ -333,6 +334,10 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
                         f"{slow['ratio']:g}x the median rank's for {slow['intervals']} log "
                         "intervals: every step waited for it")
     backend = _backend(run_dir, nodes)
+    kind = advice.link_kind([n.get("private_address") or n.get("address") or n["name"]
+                             for n in nodes],
+                            [t for e in entries if e["nccl"] for t in e["nccl"]["transports"]],
+                            backend)
     report = {
         "run_id": plan.get("run_id", run_dir.name),
         "status": (summary or {}).get("status", "unknown"),
@@ -343,8 +348,9 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "nodes": entries,
         "bandwidth": bandwidth,
         "training": training,
+        "link": kind,
         "warnings": warnings,
-        "advice": _advice(entries, training),
+        "advice": _advice(entries, training, kind),
     }
     if workload == "job":   # only a run of the user's own job carries the key
         report["job"] = _job(plan, summary)
@@ -382,21 +388,26 @@ def _straggler_advice(training: dict | None) -> list[str]:
     return [f"look at {', '.join(nodes)} before the next run: `launch check -i INVENTORY "
             f"--limit {where}` "
             "(throttle, xid, ecc columns), other processes on it (`top`), a slower data path "
-            "(data_s in summary.json's rank_times); or leave it out with --limit"]
+            "(data_wait_s in summary.json's rank_times); or leave it out with --limit"]
 
 
-def _advice(entries: list[dict], training: dict | None) -> list[str]:
+def _transports_shown(entries: list[dict]) -> bool:
+    """Whether the nodes table lists NCCL transports a message may point at."""
+    return any(e["nccl"] and e["nccl"]["transports"] for e in entries)
+
+
+def _advice(entries: list[dict], training: dict | None, kind: str | None) -> list[str]:
     out = _straggler_advice(training)
     if len(entries) > 1 and any(e["efa"]["expected"] and e["efa"]["used"] is False
                                 for e in entries):
         out.append("make NCCL use EFA: the aws-ofi-nccl plugin must load (`launch setup`, role "
                    "efa; FI_PROVIDER=efa in the node's /etc/launch/nccl.env) and the security "
                    "group must allow all traffic between its own members")
-    share = training.get("comm_share") if training else None
-    hook = training.get("comm_hook") if training else None
-    by_share = advice.share_advice(share, hook)
-    if by_share or hook not in (None, "none"):
-        return out + by_share  # already compressing: the wiring's advice would say so again
+    if training and training.get("split"):
+        # The run measured its own steps: that, not the wiring's rule of thumb, decides.
+        return out + advice.training_advice(training["split"], training.get("comm_hook"),
+                                            training.get("auto"), kind,
+                                            _transports_shown(entries))
     classes = [e["interconnect"]["class"] for e in entries if e["interconnect"]]
     logs = [e for e in entries if e["nccl"]]
     fast = None
@@ -498,33 +509,23 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     else:
         speed = ("n/a" if tr["images_per_sec"] is None
                  else f"{tr['images_per_sec']:.1f} images/s")
-        step = "" if tr["step_time_s"] is None else f", {tr['step_time_s']:.4f} s per step"
-        lines.append(f"{speed}{step} (from {tr['source']}).")
-        if tr["comm_share"] is not None:
-            lines.append(f"Waiting on communication: {tr['comm_share']:.0%} of step time (a "
-                         f"step averages {tr['comm_wait_s']:.4f} s waiting and "
-                         f"{tr['compute_s']:.4f} s the rest; comm hook "
-                         f"{tr['comm_hook'] or 'unknown'}).")
+        step = ("" if tr["median_step_s"] is None
+                else f" (median step {tr['median_step_s']:.4f} s)")
+        lines.append(f"{speed}{step}, from {tr['source']}.")
+        if tr["split"]:
+            lines.append(split_sentence(tr["split"], tr["comm_hook"]))
         for slow in tr.get("stragglers") or []:
             lines.append(f"Straggler: node {slow['node']} rank {slow['rank']}: compute "
                          f"{slow['ratio']:g}x the median rank's for {slow['intervals']} log "
                          "intervals; every step waited for it.")
-        ranks = tr.get("rank_times") or []
+        ranks = [r for r in tr.get("rank_times") or [] if "step_s" in r]
         if ranks and len(ranks) <= 16:
-            lines.append("Per rank, median compute / data wait / communication wait: " + "; ".join(
-                f"{r['node']} rank {r['rank']} {r['compute_s']:.4f} / {r['data_s']:.4f} / "
-                f"{r['comm_s']:.4f} s" for r in ranks) + ".")
+            lines.append("Per rank, mean step = compute + data wait + communication wait: "
+                         + "; ".join(f"{r['node']} rank {r['rank']} {_parts(r)}" for r in ranks)
+                         + ".")
         auto = tr.get("auto")
-        if auto and auto.get("choice") == "undecided":
-            lines.append(f"comm_hook auto is undecided: {auto['reason']}; the last steps used "
-                         f"{auto.get('last_steps_used', 'all-reduce')}. Give the run more "
-                         "steps for auto to choose.")
-        elif auto:
-            trial = ("" if auto["powersgd_step_s"] is None
-                     else f", PowerSGD trial {auto['powersgd_step_s']:.4f} s")
-            lines.append(f"comm_hook auto chose {auto['choice']} at step "
-                         f"{auto['decided_at_step']}: {auto['reason']} (plain all-reduce step "
-                         f"{auto['allreduce_step_s']:.4f} s{trial}).")
+        if auto:
+            lines.append(_auto_sentence(auto))
     if report.get("recovery"):
         lines += ["", "## Restarts and hangs", ""] + _recovery_lines(report["recovery"])
     if report["warnings"]:
@@ -563,6 +564,32 @@ def _job_lines(job: dict) -> list[str]:
     return lines
 
 
+def _auto_sentence(auto: dict) -> str:
+    """comm_hook auto's outcome with its evidence (train/autocomm.py's reason)."""
+    used = auto.get("last_steps_used", "all-reduce")
+    if auto.get("decided_at_step") is None:
+        return (f"comm_hook auto is undecided: {auto['reason']}; the last steps used {used}. "
+                "Give the run more steps for auto to choose.")
+    what = {"powersgd": "chose PowerSGD", "none": "kept plain all-reduce",
+            "undecided": "could not tell and kept plain all-reduce"}.get(auto["choice"],
+                                                                        auto["choice"])
+    return f"comm_hook auto {what} after step {auto['decided_at_step']}: {auto['reason']}."
+
+
+def _parts(split: dict) -> str:
+    return (f"{split['step_s']:.4f} s = {split['compute_s']:.4f} + {split['data_wait_s']:.4f} "
+            f"+ {split['comm_wait_s']:.4f} s")
+
+
+def split_sentence(split: dict, comm_hook: str | None) -> str:
+    """The step split as the report states it: the parts printed beside their whole."""
+    return (f"A step takes {split['step_s']:.4f} s on average = {split['compute_s']:.4f} s "
+            f"compute + {split['data_wait_s']:.4f} s data wait + {split['comm_wait_s']:.4f} s "
+            f"waiting on communication ({split['statistic']}s over {split['steps']} "
+            f"steps): {split['comm_share']:.0%} of step time waits on communication "
+            f"(comm hook {comm_hook or 'unknown'}).")
+
+
 def _recovery_lines(recovery: dict) -> list[str]:
     lines = []
     if recovery.get("resumed_from_step"):
@@ -590,16 +617,21 @@ def _recovery_lines(recovery: dict) -> list[str]:
     return lines
 
 
-def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
-    """Writes report.json and report.md into the run folder; returns the report."""
-    run_dir = Path(run_dir)
+def checked_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
+    """build_report, with a foreign run folder named instead of a traceback."""
     try:
-        report = build_report(run_dir, bench=bench)
+        return build_report(run_dir, bench=bench)
     except (KeyError, TypeError, AttributeError, IndexError) as err:
         # A hand-edited or foreign plan.json/summary.json: say which, not where it broke.
         raise ReportError(f"{run_dir}: plan.json or summary.json is not what launch writes "
                           f"({type(err).__name__}: {shorten(str(err), 120)}); the run's logs "
                           "are still in its node folders") from None
+
+
+def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
+    """Writes report.json and report.md into the run folder; returns the report."""
+    run_dir = Path(run_dir)
+    report = checked_report(run_dir, bench=bench)
     try:
         for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
                            (REPORT_MD, render_markdown(report))):
@@ -622,5 +654,5 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
         text = f"launch: warning: {warning}"
         stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")
     for item in report["advice"]:
-        stream.write(f"launch: to change: {item}\n")
+        stream.write(f"launch: advice: {item}\n")
     stream.flush()

@@ -20,7 +20,8 @@ On CUDA the host returns from backward before NCCL finishes (DDP only makes the 
 so both ends are CUDA events on the current stream and read after the step's synchronize.
 
 Only the syncing micro-step of gradient accumulation communicates; the others add no wait.
-`compute_s` is the rest of the step (forward, backward compute, optimizer, data).
+The time the data loader's next() takes is timed too: a step splits into compute, data wait
+and communication wait (train/stepsplit.py).
 """
 
 from __future__ import annotations
@@ -28,52 +29,47 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class StepComm:
-    step_time_s: float
-    comm_wait_s: float
-
-    @property
-    def compute_s(self) -> float:
-        return max(0.0, self.step_time_s - self.comm_wait_s)
-
-    @property
-    def comm_share(self) -> float:
-        return self.comm_wait_s / self.step_time_s if self.step_time_s > 0 else 0.0
+from train.stepsplit import StepTimes
 
 
-def summarize(steps: list[StepComm]) -> dict[str, float]:
-    """Totals over steps: the share is total wait over total time, so long steps weigh more."""
-    total = sum(s.step_time_s for s in steps)
-    wait = sum(s.comm_wait_s for s in steps)
-    n = max(1, len(steps))
-    return {
-        "comm_wait_s": round(wait / n, 6),
-        "compute_s": round(max(0.0, total - wait) / n, 6),
-        "comm_share": round(wait / total, 4) if total > 0 else 0.0,
-    }
+class _TimedIterator:
+    """The data loader's iterator, adding the time spent waiting for each batch to a timer."""
+
+    def __init__(self, inner: Iterator, timer: CommTimer):
+        self.inner, self.timer = inner, timer
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        started = time.perf_counter()
+        try:
+            return next(self.inner)
+        finally:
+            self.timer.data_wait_s += time.perf_counter() - started
 
 
 class CommTimer:
-    """Per-step exposed communication wait of a DDP model.
+    """Per-step split of a DDP model's steps: exposed communication wait and data wait.
 
         timer = CommTimer(ddp.module, device)
+        batches = timer.timed(iter(loader))        # counts the time next() waits
         loss.backward(); timer.backward_done()     # after the syncing backward only
         ...; step = timer.step_done(step_time_s)   # after the step (and cuda synchronize)
 
-    `steps` holds one StepComm per step, for logging and for choosing a comm hook.
+    `steps` holds one StepTimes per step, for logging and for choosing a comm hook.
     """
 
     def __init__(self, module: nn.Module, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.steps: list[StepComm] = []
+        self.steps: list[StepTimes] = []
+        self.data_wait_s = 0.0                    # since the last step_done
         self._last_grad_at = self._backward_end_at = 0.0
         if self.cuda:
             # One event re-recorded by every gradient: after backward it marks the last one.
@@ -106,8 +102,13 @@ class CommTimer:
             return max(0.0, self._last_grad.elapsed_time(self._backward_end) / 1000.0)
         return max(0.0, self._backward_end_at - self._last_grad_at)
 
-    def step_done(self, step_time_s: float) -> StepComm:
-        step = StepComm(step_time_s, min(self._wait_s(), step_time_s))
+    def timed(self, iterator: Iterator) -> Iterator:
+        return _TimedIterator(iterator, self)
+
+    def step_done(self, step_time_s: float) -> StepTimes:
+        comm = min(self._wait_s(), step_time_s)
+        data, self.data_wait_s = self.data_wait_s, 0.0
+        step = StepTimes(step_time_s, comm, min(data, step_time_s - comm))
         self.steps.append(step)
         self._grad_seen = self._backward_seen = False
         return step

@@ -1,24 +1,21 @@
-"""DistributedDataParallel built from the recipe's `ddp` block, with its communication hook,
-and the measured choices behind `comm_hook: auto` and `bucket_cap_mb: auto`."""
+"""DistributedDataParallel built from the recipe's `ddp` block, with its communication hook
+and the hook's state in checkpoints. The measured choices behind `comm_hook: auto` and
+`bucket_cap_mb: auto` are train/autocomm.py's."""
 
 from __future__ import annotations
 
 import functools
-import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from train.options import (AUTO, AUTO_MIN_COMM_SHARE, AUTO_SKIP_STEPS, AUTO_WINDOW_STEPS,
-                           COMM_HOOKS, default, options_under)
+from train.options import AUTO, COMM_HOOKS, default, options_under
 
 # PowerSGD all-reduces plainly while state.iter < start_powerSGD_iter: "never" until auto
 # decides otherwise. (A constructor check wants > 1 when error feedback is on.)
@@ -154,6 +151,9 @@ class ResumablePowerSGDState(powerSGD_hook.PowerSGDState):
 
     def __init__(self, *args, parameters: list[torch.Tensor] = (), **kwargs):
         super().__init__(*args, **kwargs)
+        # comm_hook auto switching PowerSGD off: the error-feedback residual (gradient not yet
+        # applied) goes into the next plain all-reduce instead of being dropped.
+        self.flush_residual = False
         self.param_index = {id(p): i for i, p in enumerate(parameters)}
         self.param_shapes = [tuple(p.shape) for p in parameters]
         self.bucket_params: dict[int, tuple[int, ...]] = {}   # bucket index -> its parameters
@@ -220,7 +220,8 @@ class ResumablePowerSGDState(powerSGD_hook.PowerSGDState):
 
 
 def track_buckets(hook):
-    """The PowerSGD hook, keeping its per-bucket state aligned with DDP's bucket layout."""
+    """The PowerSGD hook, keeping its per-bucket state aligned with DDP's bucket layout, and
+    feeding a switched-off PowerSGD's residual into the plain all-reduce."""
 
     @functools.wraps(hook)
     def tracked(state, bucket):
@@ -232,6 +233,12 @@ def track_buckets(hook):
         state.bucket_params[index] = params
         if state.held:
             state.put_together(index, params, bucket.buffer().device)
+        if state.flush_residual and state.iter < state.start_powerSGD_iter:
+            # The residual is this rank's gradient PowerSGD left out; the plain all-reduce
+            # averages the buffers, as PowerSGD's next step would have averaged it in.
+            residual = state.error_dict.pop(index, None)
+            if residual is not None:
+                bucket.buffer().add_(residual)
         return hook(state, bucket)
 
     return tracked
@@ -256,7 +263,7 @@ def hook_checkpoint(state) -> tuple[dict[str, Any] | None, dict[str, Any] | None
     if not isinstance(state, ResumablePowerSGDState):
         return None, None
     shared = {"iter": state.iter, "start_powerSGD_iter": state.start_powerSGD_iter,
-              "rng": _np_state(state.rng),
+              "flush_residual": state.flush_residual, "rng": _np_state(state.rng),
               "numel_before": state.total_numel_before_compression,
               "numel_after": state.total_numel_after_compression}
     pieces = {param: {name: t.detach().to("cpu", copy=True) for name, t in parts.items()}
@@ -274,13 +281,13 @@ def rebuild_buckets_first(ddp: DDP, state, sample: torch.Tensor) -> None:
     weights are untouched and the gradients cleared; PowerSGD's counter is put back."""
     if not isinstance(state, ResumablePowerSGDState):
         return
-    kept = state.iter, state.start_powerSGD_iter
-    state.start_powerSGD_iter = NEVER
+    kept = state.iter, state.start_powerSGD_iter, state.flush_residual
+    state.start_powerSGD_iter, state.flush_residual = NEVER, False  # the residual stays held
     try:
         for _ in range(2 if ddp.static_graph else 1):
             ddp(sample).float().sum().mul(0.0).backward()
     finally:
-        state.iter, state.start_powerSGD_iter = kept
+        state.iter, state.start_powerSGD_iter, state.flush_residual = kept
         for param in ddp.parameters():
             param.grad = None
 
@@ -290,6 +297,7 @@ def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | No
         return
     state.iter = shared["iter"]
     state.start_powerSGD_iter = shared["start_powerSGD_iter"]
+    state.flush_residual = shared.get("flush_residual", False)
     _set_np_state(state.rng, shared["rng"])
     state.total_numel_before_compression = shared["numel_before"]
     state.total_numel_after_compression = shared["numel_after"]
@@ -299,184 +307,3 @@ def restore_hook(state, shared: dict[str, Any] | None, mine: dict[str, Any] | No
     state.bucket_params = {}
     state.held = {int(param): dict(parts)
                   for param, parts in (mine or {}).get("pieces", {}).items()}
-
-
-# ---- bucket_cap_mb: auto ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LinkProbe:
-    """All-reduce cost model t(S) = latency + S / bandwidth, fitted on this process group."""
-
-    latency_s: float
-    bandwidth_bytes_per_s: float
-    small_bytes: int
-    large_bytes: int
-    small_s: float
-    large_s: float
-
-
-def probe_link(device: torch.device, small: int = 1 << 14, large: int = 1 << 22,
-               iters: int = 5) -> LinkProbe:
-    """Times all-reduces of two sizes on the real process group (every rank takes part).
-    Medians, reduced with MAX across ranks, so every rank fits the same numbers."""
-    times = []
-    for size in (small, large):
-        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
-        samples = []
-        for i in range(iters + 2):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i >= 2:  # the first calls set up connections
-                samples.append(time.perf_counter() - t0)
-        times.append(statistics.median(samples))
-    agreed = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    t_small, t_large = agreed.tolist()
-    per_byte = max((t_large - t_small) / (large - small), 1e-12)
-    latency = max(t_small - small * per_byte, 0.0)
-    return LinkProbe(latency, 1.0 / per_byte, small, large, t_small, t_large)
-
-
-def choose_bucket_cap_mb(probe: LinkProbe, gradient_bytes: int) -> float:
-    """A quarter of the gradients: four buckets, so the first all-reduce starts early in the
-    backward pass, and few calls, which matters once compression makes each call small (with
-    1 MiB buckets PowerSGD's three chained calls per bucket made auto 35% slower than
-    PowerSGD with 5 MiB buckets on a capped link). Raised where the link's fixed per-call
-    cost would exceed 5% of a bucket's transfer time. Between 1 and 256 MiB."""
-    latency_floor = 20.0 * probe.latency_s * probe.bandwidth_bytes_per_s
-    chosen = min(max(gradient_bytes / 4, latency_floor, 1 << 20), 256 << 20)
-    return round(chosen / (1 << 20), 2)
-
-
-# ---- comm_hook: auto ----------------------------------------------------------------------
-
-
-@dataclass
-class AutoDecision:
-    choice: str                   # "powersgd" or "none"
-    reason: str
-    decided_at_step: int
-    comm_share: float             # exposed communication wait / step time, plain all-reduce
-    allreduce_step_s: float       # median step time with plain all-reduce
-    powersgd_step_s: float | None  # median step time in the PowerSGD trial (None: no trial)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-class AutoCompression:
-    """`comm_hook: auto`: measure, then compress only if it pays.
-
-    The PowerSGD hook is registered from the start but all-reduces plainly (PowerSGD's own
-    warm-up, start_powerSGD_iter = never). Phase 1: `window` steps of plain all-reduce, timing
-    the step and the exposed communication wait (train/commtime.py). If communication is
-    under `min_share` of the step, nothing can be gained: stay. Otherwise phase 2: `window`
-    steps with PowerSGD switched on; keep it only if its median step is at least `min_gain`
-    faster, else switch back (the error-feedback residual is simply dropped). Every number is
-    reduced across ranks first, so all ranks make the same choice.
-    """
-
-    def __init__(self, state, window: int = AUTO_WINDOW_STEPS, skip: int = AUTO_SKIP_STEPS,
-                 min_share: float = AUTO_MIN_COMM_SHARE, min_gain: float = 0.10):
-        self.state, self.window, self.skip = state, window, skip
-        self.min_share, self.min_gain = min_share, min_gain
-        self.decision: AutoDecision | None = None
-        self._trial_from: int | None = None
-        self._share = self._allreduce_s = 0.0
-        # Steps done before this process started (a resumed run): `steps` counts this
-        # process's steps only, decisions are reported in the run's steps.
-        self.step_offset = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"decision": None if self.decision is None else self.decision.to_json()}
-
-    def load_state_dict(self, saved: dict[str, Any], resumed_at_step: int) -> None:
-        """A decision made before the checkpoint stands (the hook's restored state carries it
-        out); one still being measured starts again from the resumed step, with plain
-        all-reduce: the timings it had are gone with the process that took them."""
-        self.step_offset = resumed_at_step
-        decision = (saved or {}).get("decision")
-        if decision is not None:
-            self.decision = AutoDecision(**decision)
-            return
-        self.decision, self._trial_from = None, None
-        self.state.start_powerSGD_iter = NEVER
-
-    def _agree(self, values: list[float], device) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return (t / dist.get_world_size()).tolist()
-
-    def observe(self, steps, device) -> AutoDecision | None:
-        """Call after every step with the CommTimer's steps; returns the decision once."""
-        if self.decision is not None:
-            return None
-        done = len(steps)
-        if self._trial_from is None:
-            if done < self.skip + self.window:
-                return None
-            plain = steps[self.skip:self.skip + self.window]
-            wait, total, median = self._agree(
-                [sum(s.comm_wait_s for s in plain), sum(s.step_time_s for s in plain),
-                 statistics.median(s.step_time_s for s in plain)], device)
-            self._share, self._allreduce_s = wait / total if total else 0.0, median
-            if self._share < self.min_share:
-                return self._decide("none", done, None,
-                                    f"communication is {self._share:.0%} of the step "
-                                    f"(< {self.min_share:.0%}): nothing to gain")
-            self._trial_from = done
-            self.state.start_powerSGD_iter = self.state.iter + 1
-            return None
-        # The trial's first step allocates PowerSGD's matrices: not representative.
-        if done < self._trial_from + 1 + self.window:
-            return None
-        trial = steps[self._trial_from + 1:self._trial_from + 1 + self.window]
-        (psgd_s,) = self._agree([statistics.median(s.step_time_s for s in trial)], device)
-        gain = 1.0 - psgd_s / self._allreduce_s if self._allreduce_s else 0.0
-        if gain >= self.min_gain:
-            return self._decide("powersgd", done, psgd_s,
-                                f"communication is {self._share:.0%} of the step; PowerSGD "
-                                f"steps are {gain:.0%} faster")
-        self.state.start_powerSGD_iter = NEVER
-        return self._decide("none", done, psgd_s,
-                            f"communication is {self._share:.0%} of the step but PowerSGD "
-                            f"steps are only {gain:.0%} faster (< {self.min_gain:.0%})")
-
-    def uses_powersgd(self) -> bool:
-        """Whether the steps now run PowerSGD (chosen, or in the trial)."""
-        return self.state.start_powerSGD_iter != NEVER
-
-    def outcome(self, steps_done: int) -> dict:
-        """For result.json: the decision, or, when the run ended before one, why not and what
-        the last steps used (auto never ends undecided without saying so)."""
-        if self.decision is not None:
-            return {**self.decision.to_json(), "last_steps_used":
-                    "powersgd" if self.uses_powersgd() else "all-reduce"}
-        if self._trial_from is None:
-            needed = self.skip + self.window + self.step_offset
-            phase = "the measurement of plain all-reduce"
-        else:
-            needed = self._trial_from + 1 + self.window + self.step_offset
-            phase = "the PowerSGD trial"
-        return {
-            "choice": "undecided",
-            "reason": f"run ended at step {steps_done} during {phase} (needs {needed})",
-            "decided_at_step": None,
-            "comm_share": None if self._trial_from is None else round(self._share, 4),
-            "allreduce_step_s": None if self._trial_from is None
-            else round(self._allreduce_s, 6),
-            "powersgd_step_s": None,
-            "last_steps_used": "powersgd" if self.uses_powersgd() else "all-reduce",
-        }
-
-    def _decide(self, choice: str, step: int, psgd_s: float | None, reason: str) -> AutoDecision:
-        self.decision = AutoDecision(choice, reason, step + self.step_offset,
-                                     round(self._share, 4),
-                                     round(self._allreduce_s, 6),
-                                     None if psgd_s is None else round(psgd_s, 6))
-        return self.decision

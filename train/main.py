@@ -35,15 +35,17 @@ from torch.utils.data import DataLoader, Subset
 # Run as a script (torchrun's entrypoint): make `train.*` importable from the shipped folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from train.autocomm import AutoCompression, BucketChoice, decide_bucket_cap_mb  # noqa: E402
 from train.checkpoint import Checkpointer, CheckpointPolicy, signature_of  # noqa: E402
-from train.commtime import CommTimer, InterfaceCounter, summarize  # noqa: E402
+from train.commtime import CommTimer, InterfaceCounter  # noqa: E402
 from train.data import DataSplits, ResumableSampler, load_dataset  # noqa: E402
-from train.ddp import (AUTO, AutoCompression, DDPSettings, LinkProbe,  # noqa: E402
-                       choose_bucket_cap_mb, probe_link, wrap_ddp)
+from train.ddp import AUTO, DDPSettings, wrap_ddp  # noqa: E402
 from train.heartbeat import Heartbeat  # noqa: E402
 from train.model import build_vit, count_parameters  # noqa: E402
-from train.options import add_options  # noqa: E402
+from train.options import add_options, lr_warmup_steps  # noqa: E402
+from train.stepsplit import split  # noqa: E402
 from train.stragglers import StragglerWatch  # noqa: E402
+from train.trial import trial_round  # noqa: E402
 
 WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
 
@@ -137,7 +139,7 @@ class Training:
     ddp: DDP
     hook_state: Any
     settings: DDPSettings
-    link: LinkProbe | None
+    buckets: BucketChoice | None      # bucket_cap_mb: auto's measurement
     comm: CommTimer
     auto: AutoCompression | None
     sent: InterfaceCounter
@@ -159,6 +161,7 @@ class Training:
     restarted: bool = False           # an earlier process of this run trained here before
     step_times: list[float] = field(default_factory=list)
     last_loss: float = float("nan")
+    window: Window | None = None      # the steps since the last progress line (rank 0 logs)
     started: float = 0.0
     watch: StragglerWatch | None = None   # every rank's own compute, for stragglers
 
@@ -172,19 +175,24 @@ class Training:
         return nullcontext()
 
 
-def choose_buckets(args, model, device, rank: int) -> LinkProbe | None:
-    """`bucket_cap_mb: auto`: measure the link, pick the size (train/ddp.py)."""
+def choose_buckets(args, model, device, rank: int) -> BucketChoice | None:
+    """`bucket_cap_mb: auto`: measure the link until clear, pick the size
+    (train/autocomm.py)."""
     if args.bucket_cap_mb != AUTO:
         return None
-    link = probe_link(device)
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    args.bucket_cap_mb = choose_bucket_cap_mb(link, gradient_bytes)
+    choice = decide_bucket_cap_mb(device, gradient_bytes)
+    args.bucket_cap_mb = choice.bucket_cap_mb
     if rank == 0:
-        print(f"bucket_cap_mb auto: all-reduce latency {link.latency_s * 1e3:.2f} ms, "
-              f"bandwidth {link.bandwidth_bytes_per_s / 1e6:.1f} MB/s, "
-              f"{gradient_bytes / 2**20:.1f} MiB of gradients -> {args.bucket_cap_mb} MiB "
-              "buckets", flush=True)
-    return link
+        link = choice.probe
+        rounds = ", ".join(f"{r:g}" for r in choice.rounds)
+        verdict = (f"-> {choice.bucket_cap_mb:g} MiB buckets" if choice.choice == "decided"
+                   else f"undecided, DDP's default {choice.bucket_cap_mb:g} MiB kept")
+        print(f"bucket_cap_mb auto: {gradient_bytes / 2**20:.1f} MiB of gradients; "
+              f"{len(choice.rounds)} probe round(s) gave {rounds} MiB (last: all-reduce "
+              f"latency {link.latency_s * 1e3:.2f} ms, bandwidth "
+              f"{link.bandwidth_bytes_per_s / 1e6:.1f} MB/s) {verdict}", flush=True)
+    return choice
 
 
 def setup(args: argparse.Namespace) -> Training:
@@ -201,7 +209,7 @@ def setup(args: argparse.Namespace) -> Training:
     model = build_vit(args.model, args.image_size, args.patch_size, data.in_channels,
                       data.num_classes, depth=args.depth, width=args.width,
                       heads=args.heads).to(device)
-    link = choose_buckets(args, model, device, rank)
+    buckets = choose_buckets(args, model, device, rank)
     settings = DDPSettings.from_args(args)
     ddp, hook_state = wrap_ddp(model, settings, device)
     sampler = ResumableSampler(data.train, num_replicas=world, rank=rank, shuffle=True,
@@ -213,16 +221,19 @@ def setup(args: argparse.Namespace) -> Training:
         raise SystemExit(f"batch_size {args.batch_size} x {world} ranks x grad_accum_steps "
                          f"{args.grad_accum_steps} exceeds the {len(data.train)} training images")
     total = args.steps or max(1, int(round(args.epochs * steps_per_epoch)))
+    warmup = lr_warmup_steps(args.warmup_steps, total)
     run = Training(
         args=args, backend=backend, device=device, rank=rank, world=world,
         local_rank=local_rank, data=data, ddp=ddp, hook_state=hook_state, settings=settings,
-        link=link, comm=CommTimer(ddp.module, device),
-        auto=AutoCompression(hook_state) if settings.comm_hook == AUTO else None,
+        buckets=buckets, comm=CommTimer(ddp.module, device),
+        auto=AutoCompression(hook_state, total_steps=total, lr_warmup_steps=warmup,
+                             start_iter=args.powersgd_start_iter)
+        if settings.comm_hook == AUTO else None,
         sent=InterfaceCounter(),
         optimizer=torch.optim.AdamW(ddp.parameters(), lr=args.lr,
                                     weight_decay=args.weight_decay),
         sampler=sampler, loader=loader, steps_per_epoch=steps_per_epoch, total=total,
-        warmup=args.warmup_steps if args.warmup_steps is not None else int(0.05 * total),
+        warmup=warmup,
         images_per_step=args.batch_size * world * args.grad_accum_steps,
         out_dir=Path(args.out_dir), heartbeat=heartbeat,
     )
@@ -289,7 +300,7 @@ def after_step(run: Training, dt: float) -> None:
     run.step_times.append(dt)
     run.comm.step_done(dt)
     run.heartbeat.step_done(run.step, dt)
-    run.watch.step_done(run.step, dt, run.comm.steps[-1].comm_wait_s)
+    run.watch.step_done(run.step, run.comm.steps[-1])
     if run.step % run.args.log_every == 0 or run.step == run.total:
         run.watch.end_interval(run.step)   # every rank: one small all_gather; rank 0 judges
     if run.step == max(WARMUP_STEPS_EXCLUDED + (run.resumed_from or 0), run.total // 2):
@@ -299,12 +310,15 @@ def after_step(run: Training, dt: float) -> None:
         print(f"step {run.step}: first step since the restart", flush=True)
     if run.checkpoints.policy.enabled and run.checkpoints.due(run.step):
         run.checkpoints.save(run)
-    decision = run.auto.observe(run.comm.steps, run.device) if run.auto else None
-    if decision and run.rank == 0:
-        print(f"comm_hook auto: {decision.choice} from step {decision.decided_at_step + 1}"
-              f" ({decision.reason}; plain all-reduce step {decision.allreduce_step_s:.3f}s"
-              + ("" if decision.powersgd_step_s is None
-                 else f", PowerSGD step {decision.powersgd_step_s:.3f}s") + ")", flush=True)
+    if run.auto:
+        say_auto(run, run.auto.after_step(run.step, run.comm.steps[-1], run.device))
+
+
+def say_auto(run: Training, decision) -> None:
+    """Rank 0 logs comm_hook auto's decision (launch's log and the report quote it)."""
+    if decision is not None and run.rank == 0:
+        print(f"comm_hook auto: {decision.choice} after step {decision.decided_at_step} "
+              f"({decision.reason})", flush=True)
 
 
 class Window:
@@ -318,6 +332,20 @@ class Window:
         self.loss, self.time, self.n = self.loss + loss, self.time + dt, self.n + 1
 
 
+def one_step(run: Training, batches) -> float:
+    """A training step with everything every step does around it; returns its loss."""
+    t0 = time.perf_counter()
+    loss = train_step(run, batches)
+    dt = time.perf_counter() - t0
+    after_step(run, dt)
+    run.last_loss = loss
+    run.window.add(loss, dt)
+    if run.rank == 0 and (run.step % run.args.log_every == 0 or run.step == run.total):
+        log_progress(run, run.window)
+        run.window = Window()
+    return loss
+
+
 def log_progress(run: Training, window: Window) -> None:
     """Rank 0: one metrics.jsonl record and one progress line (launch parses the line)."""
     record = {
@@ -326,37 +354,31 @@ def log_progress(run: Training, window: Window) -> None:
         "step_time_s": round(window.time / window.n, 6),
         "images_per_sec": round(run.images_per_step * window.n / window.time, 3),
         "time_s": round(time.perf_counter() - run.started, 3),
-        **summarize(run.comm.steps[-window.n:]),
+        "split": split(run.comm.steps[-window.n:]),
     }
     run.metrics_file.write(json.dumps(record) + "\n")
     run.metrics_file.flush()
     print(f"step {run.step}/{run.total} epoch {run.epoch + 1}/{run.epochs_total} "
           f"loss {record['loss']:.4f} lr {record['lr']:.2e} "
           f"step_time {record['step_time_s']:.3f}s {record['images_per_sec']:.1f} img/s, "
-          f"waiting on communication {record['comm_share']:.0%}", flush=True)
+          f"waiting on communication {record['split']['comm_share']:.0%}", flush=True)
 
 
 def train(run: Training) -> None:
     run.started = time.perf_counter()
     run.ddp.train()
-    window = Window()
+    run.window = Window()
     while run.step < run.total:
         # A resumed run starts its first epoch where its checkpoint left it.
         skip, run.resume_offset = run.resume_offset, 0
         run.sampler.start_at(run.epoch, skip * run.args.batch_size * run.args.grad_accum_steps)
-        batches = run.watch.timed(iter(run.loader))
-        for _ in range(run.steps_per_epoch - skip):
-            if run.step >= run.total:
-                break
-            t0 = time.perf_counter()
-            loss = train_step(run, batches)
-            dt = time.perf_counter() - t0
-            after_step(run, dt)
-            run.last_loss = loss
-            window.add(loss, dt)
-            if run.rank == 0 and (run.step % run.args.log_every == 0 or run.step == run.total):
-                log_progress(run, window)
-                window = Window()
+        batches = run.comm.timed(iter(run.loader))
+        end = run.step + run.steps_per_epoch - skip
+        while run.step < min(end, run.total):
+            if run.auto and run.auto.trial_due(run.step, min(end, run.total) - run.step):
+                say_auto(run, trial_round(run, batches, one_step, train_step))
+                continue
+            one_step(run, batches)
         run.epoch += 1
 
 
@@ -415,7 +437,7 @@ def finish(run: Training) -> dict[str, Any] | None:
         "step_time_s": round(median_step, 6) if median_step else None,
         "train_time_s": round(train_time, 3),
         "ddp": asdict(run.settings),
-        **summarize(run.comm.steps[WARMUP_STEPS_EXCLUDED:] or run.comm.steps),
+        "step_split": split(run.comm.steps[WARMUP_STEPS_EXCLUDED:] or run.comm.steps),
         **run.watch.result(),
         "resumed_from_step": run.resumed_from,
         "restart_count": run.heartbeat.attempt,
@@ -425,8 +447,8 @@ def finish(run: Training) -> dict[str, Any] | None:
     if wire:
         result["tx_bytes_per_step"] = {k: v["bytes_per_step"] for k, v in wire.items()}
         result["tx_counters"] = wire
-    if run.link is not None:
-        result["link_probe"] = asdict(run.link)
+    if run.buckets is not None:
+        result["bucket_auto"] = run.buckets.to_json()
     if run.auto is not None:
         result["auto"] = run.auto.outcome(run.step)
         if run.auto.decision is None:

@@ -2,13 +2,13 @@
 
 DDP hides them: the all-reduce makes every rank's step time equal, the fast ranks simply wait.
 What differs is how each rank's step splits: a slow rank computes (or waits for data) longer
-and waits on communication less. So every rank measures its own busy time per step, the step
-minus the exposed communication wait that train/commtime.py measures (forward, backward,
-optimizer and the data wait), and the data wait alone (time spent in the loader's next()).
-At each log interval rank 0 gathers every rank's interval means with one small all_gather.
-A rank whose busy time is above THRESHOLD x the median rank's for INTERVALS intervals in a row
-is a straggler: rank 0 prints a line saying so (the live display shows it), and result.json
-gets the stragglers and every rank's medians. Imports nothing from launcher/.
+and waits on communication less. Every rank splits its own steps (train/commtime.py: compute,
+data wait, communication wait); its busy time is compute plus data wait. At each log interval
+rank 0 gathers every rank's interval means with one small all_gather. A rank whose busy time
+is above THRESHOLD x the median rank's for INTERVALS intervals in a row is a straggler: rank 0
+prints a line saying so (the live display shows it), and result.json gets the stragglers and
+every rank's split (rank_times: means over its steps after warm-up, which add up to its mean
+step, the same definition as the run's step_split). Imports nothing from launcher/.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import socket
 import statistics
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,6 +23,7 @@ import torch.distributed as dist
 
 from train.options import STRAGGLER_INTERVALS as INTERVALS  # the rule launch uses too
 from train.options import STRAGGLER_THRESHOLD as THRESHOLD
+from train.stepsplit import StepTimes, split_of_totals
 
 SKIP_STEPS = 3         # first steps pay for allocation and bucket rebuilds (main.py's warm-up)
 REPEAT_EVERY = 10      # a straggler that goes on is said again every this many intervals
@@ -34,21 +33,6 @@ def _seconds(value: float) -> str:
     return f"{value:.3g} s"
 
 
-class _TimedIterator:
-    def __init__(self, inner: Iterator, watch: StragglerWatch):
-        self.inner, self.watch = inner, watch
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        started = time.perf_counter()
-        try:
-            return next(self.inner)
-        finally:
-            self.watch.data_s += time.perf_counter() - started
-
-
 class StragglerJudge:
     """Rank 0's side, pure: each interval's per-rank means in, straggler lines and the summary
     out."""
@@ -56,17 +40,22 @@ class StragglerJudge:
     def __init__(self, where: list[tuple[str, int]]):
         self.where = where                      # rank -> (node, local rank)
         world = len(where)
-        self.intervals: list[list[tuple[float, float, float]]] = [[] for _ in range(world)]
+        # Per rank: steps, then total compute, data wait and communication wait.
+        self.totals = [[0, 0.0, 0.0, 0.0] for _ in range(world)]
         self.streak = [0] * world
         self.slow_ratios: list[list[float]] = [[] for _ in range(world)]
         self._recent: list[list[float]] = [[] for _ in range(world)]
 
-    def observe(self, step: int, rows: list[tuple[float, float, float]]) -> list[str]:
-        """rows: per rank (compute, data wait, communication wait) means of one interval.
-        Returns the lines to print."""
+    def observe(self, step: int, rows: list[tuple[float, float, float, int]]) -> list[str]:
+        """rows: per rank (compute, data wait, communication wait) means of one interval and
+        the number of steps they are means of. Returns the lines to print."""
         busy = [row[0] + row[1] for row in rows]
-        for rank, row in enumerate(rows):
-            self.intervals[rank].append(tuple(row))
+        for rank, (compute, data, comm, n) in enumerate(rows):
+            total = self.totals[rank]
+            total[0] += n
+            total[1] += compute * n
+            total[2] += data * n
+            total[3] += comm * n
         median = statistics.median(busy)
         if median <= 0:
             return []
@@ -97,7 +86,7 @@ class StragglerJudge:
         return lines
 
     def result(self) -> dict[str, Any]:
-        """Stragglers and per-rank medians (of the interval means) for result.json."""
+        """Stragglers and every rank's split (means over its steps) for result.json."""
         stragglers = []
         for rank, ratios in enumerate(self.slow_ratios):
             if ratios:
@@ -106,15 +95,12 @@ class StragglerJudge:
                                    "ratio": round(statistics.median(ratios), 3),
                                    "intervals": len(ratios)})
         rank_times = []
-        for rank, rows in enumerate(self.intervals):
-            if not rows:
+        for rank, (n, compute, data, comm) in enumerate(self.totals):
+            if not n:
                 continue
             node, local = self.where[rank]
-            rank_times.append({
-                "rank": rank, "node": node, "local_rank": local,
-                "compute_s": round(statistics.median(r[0] for r in rows), 6),
-                "data_s": round(statistics.median(r[1] for r in rows), 6),
-                "comm_s": round(statistics.median(r[2] for r in rows), 6)})
+            rank_times.append({"rank": rank, "node": node, "local_rank": local,
+                               **split_of_totals(int(n), compute + data + comm, data, comm)})
         return {"stragglers": stragglers, "rank_times": rank_times}
 
 
@@ -128,25 +114,18 @@ class StragglerWatch:
         where: list = [None] * world
         dist.all_gather_object(where, (node, local_rank))
         self.judge = StragglerJudge([tuple(w) for w in where]) if rank == 0 else None
-        self.data_s = 0.0                       # data wait since the last step_done
-        self._steps: list[tuple[float, float, float]] = []   # (compute, data, comm) this interval
+        self._steps: list[StepTimes] = []     # this interval's, after warm-up
 
-    def timed(self, iterator: Iterator) -> Iterator:
-        """The data loader's iterator, with the time spent waiting for batches counted."""
-        return _TimedIterator(iterator, self)
-
-    def step_done(self, step: int, step_time_s: float, comm_wait_s: float) -> None:
-        data, self.data_s = self.data_s, 0.0
-        if step <= SKIP_STEPS:
-            return
-        comm = min(comm_wait_s, step_time_s)
-        data = min(data, step_time_s - comm)
-        self._steps.append((max(0.0, step_time_s - comm - data), data, comm))
+    def step_done(self, step: int, times: StepTimes) -> None:
+        if step > SKIP_STEPS:
+            self._steps.append(times)
 
     def end_interval(self, step: int) -> None:
         """Every rank: gather the interval's means; rank 0 judges and prints."""
         n = len(self._steps)
-        means = [sum(s[i] for s in self._steps) / n if n else 0.0 for i in range(3)]
+        means = [sum(part(s) for s in self._steps) / n if n else 0.0
+                 for part in (lambda s: s.compute_s, lambda s: s.data_wait_s,
+                              lambda s: s.comm_wait_s)]
         self._steps = []
         mine = torch.tensor([*means, float(n)], dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
@@ -156,7 +135,7 @@ class StragglerWatch:
         rows = [t.tolist() for t in gathered]
         if any(row[3] == 0 for row in rows):
             return                      # warm-up steps only: nothing to compare yet
-        for line in self.judge.observe(step, [tuple(row[:3]) for row in rows]):
+        for line in self.judge.observe(step, [(*row[:3], int(row[3])) for row in rows]):
             print(line, flush=True)
 
     def result(self) -> dict[str, Any]:

@@ -78,14 +78,9 @@ def ssh_options(args):
 
 def _inventory_path(args) -> str | None:
     if getattr(args, "cluster", None):
-        from launcher.home import cluster_inventory
-        from launcher.names import path_component
+        from launcher.home import inventory_for
 
-        path = cluster_inventory(path_component(args.cluster, "--cluster"))
-        if not path.is_file():
-            raise LauncherError(f"--cluster {args.cluster}: no inventory at {path}; `launch "
-                                f"provision --cluster {args.cluster}` writes it (or pass -i)")
-        return str(path)
+        return str(inventory_for(args.cluster))
     return getattr(args, "inventory", None)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from launcher.backends.base import Backend, LaunchOptions
+from launcher.backends.base import Backend, LaunchOptions, Program
 from launcher.check.health import FAIL, OK, SKIP, WARN, Check
 from launcher.errors import LauncherError, RunFailed
 from launcher.inventory import Node
@@ -203,6 +203,21 @@ def transport_checks(run_dir: Path, nodes: list[str]) -> dict[str, Check]:
     return out
 
 
+def _gate_job(backend: Backend, nodes: list[Node], floor_gbs: float | None,
+              base: Recipe | None) -> tuple[Recipe, Program]:
+    size = GATE_BYTES_GPU if any(backend.gpus(nodes)) else GATE_BYTES_CPU
+    return (gate_recipe(len(nodes), base, local=backend.kind == "local"),
+            gate_program(size, floor_gbs))
+
+
+def plan_gate(backend: Backend, nodes: list[Node], *, run_id: str, runs_dir: str,
+              floor_gbs: float | None, rdzv_port: int | None = None):
+    """The gate job's plan, as `run_gate` would start it (for --dry-run; starts nothing)."""
+    recipe, program = _gate_job(backend, nodes, floor_gbs, None)
+    return backend.plan(recipe, nodes, run_id, runs_dir=runs_dir, program=program,
+                        rdzv_port=rdzv_port)
+
+
 def run_gate(backend: Backend, nodes: list[Node], *, run_id: str, runs_dir: str,
              floor_gbs: float | None, base: Recipe | None = None, grace_s: float = 5.0,
              rdzv_port: int | None = None, stream: TextIO | None = None) -> GateResult:
@@ -210,16 +225,15 @@ def run_gate(backend: Backend, nodes: list[Node], *, run_id: str, runs_dir: str,
     (the reason kept), never an exception, unless the gate could not even be planned."""
     stream = stream or sys.stdout
     names = [n.name for n in nodes]
-    size = GATE_BYTES_GPU if any(backend.gpus(nodes)) else GATE_BYTES_CPU
-    recipe = gate_recipe(len(nodes), base, local=backend.kind == "local")
+    recipe, program = _gate_job(backend, nodes, floor_gbs, base)
     run_dir = Path(runs_dir).resolve() / run_id
     options = LaunchOptions(runs_dir, grace_s, display=_GateDisplay(stream))
     failure = None
     # The job's own report and messages go to its run folder, not between the table's lines.
     with contextlib.redirect_stdout(io.StringIO()):
         try:
-            backend.launch(recipe, nodes, run_id, options,
-                           program=gate_program(size, floor_gbs), rdzv_port=rdzv_port)
+            backend.launch(recipe, nodes, run_id, options, program=program,
+                           rdzv_port=rdzv_port)
         except RunFailed as err:
             failure = str(err).splitlines()[0]
     result = GateResult(run_dir, names, failure=failure)

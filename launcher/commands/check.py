@@ -8,12 +8,12 @@ import json
 import os
 import sys
 
-from launcher.backends import add_where_arguments, backend_from_args
+from launcher.backends import add_where_arguments, backend_from_args, print_plan
 from launcher.check import health
 from launcher.check.health import GIB
-from launcher.check.probe import check_nodes
+from launcher.check.probe import PROBE_TIMEOUT_S, check_nodes
 from launcher.check.table import render, summary, to_json
-from launcher.commands.common import port_number
+from launcher.commands.common import port_number, where_nodes
 from launcher.errors import LauncherError
 from launcher.inventory import Node
 from launcher.runfolder import check_run_id, new_run_id
@@ -72,6 +72,9 @@ def register(sub) -> None:
     p.add_argument("--rdzv-port", type=port_number,
                    help="--collective: rendezvous port of the gate job (default: 29500 "
                         "with -i, a free one on this machine)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say which nodes would be asked and what (and, with --collective, the "
+                        "gate job's plan); contact none, write nothing")
     p.set_defaults(func=main)
 
 
@@ -91,6 +94,8 @@ def main(args) -> int:
     backend = backend_from_args(args, 1, say=lambda text: print(text, file=sys.stderr))
     # This machine answers once, whatever the number of local node agents.
     nodes = [_local_node(args)] if backend.kind == "local" else backend.nodes(args.nodes)
+    if args.dry_run:
+        return dry_run(args, backend, nodes)
     out = sys.stderr if args.json else sys.stdout
     rows = check_nodes(backend, nodes, min_free_bytes=int(args.min_free_gb * GIB))
     table = [(row.node.name, row.checks) for row in rows]
@@ -98,12 +103,11 @@ def main(args) -> int:
     if args.collective:
         from launcher.check.gate import run_gate
 
-        gate_nodes = backend.nodes(args.nodes) if backend.kind != "local" else \
-            backend.nodes(args.nodes or 2)
+        gate_nodes = _gate_nodes(args, backend)
         reachable = {row.node.name for row in rows if "reach" not in row.failed}
         if backend.kind != "local":
             gate_nodes = [n for n in gate_nodes if n.name in reachable]
-        if len(gate_nodes) >= 2 or backend.kind == "local":
+        if _gate_runs(backend, gate_nodes):
             gate = run_gate(backend, gate_nodes, run_id=check_run_id(new_run_id("gate")),
                             runs_dir=args.runs_dir, floor_gbs=args.min_busbw,
                             rdzv_port=args.rdzv_port, stream=out)
@@ -129,6 +133,40 @@ def main(args) -> int:
         print(summary(table))
     failed = any(c.status == health.FAIL for _, checks in table for c in checks.values())
     return 1 if failed else 0
+
+
+def _gate_nodes(args, backend) -> list[Node]:
+    return backend.nodes(args.nodes) if backend.kind != "local" else \
+        backend.nodes(args.nodes or 2)
+
+
+def _gate_runs(backend, nodes: list[Node]) -> bool:
+    return len(nodes) >= 2 or backend.kind == "local"
+
+
+def dry_run(args, backend, nodes: list[Node]) -> int:
+    """What a real check would do: the probe on each node, then the gate job's plan."""
+    gate = None
+    if args.collective:
+        from launcher.check.gate import plan_gate
+
+        gate_nodes = _gate_nodes(args, backend)
+        if _gate_runs(backend, gate_nodes):
+            gate = plan_gate(backend, gate_nodes, run_id=check_run_id(new_run_id("gate")),
+                             runs_dir=args.runs_dir, floor_gbs=args.min_busbw,
+                             rdzv_port=args.rdzv_port)
+    if args.json:
+        print(json.dumps({"probe": {"nodes": [n.name for n in nodes],
+                                    "timeout_s": PROBE_TIMEOUT_S},
+                          "gate": json.loads(gate.dumps()) if gate else None}, indent=2))
+        return 0
+    print(f"launch check: would run launcher/check/node_probe.py with each node's python on "
+          f"{where_nodes(backend, nodes)}, at most {PROBE_TIMEOUT_S:g} s each")
+    if gate is not None:
+        print("then, with the nodes that answer, the collective gate:")
+        print_plan(gate, False)
+    print("nothing contacted, nothing written (--dry-run)")
+    return 0
 
 
 def _worst(checks):

@@ -68,3 +68,12 @@ def aws_command(handler):
             raise AwsError(f"AWS could not be reached or configured: {err}") from None
 
     return run
+
+
+def where_nodes(backend, nodes) -> str:
+    """For --dry-run lines: the nodes a command would reach, as people name them."""
+    if backend.kind == "local":
+        return "this machine"
+    if backend.kind == "slurm":
+        return backend.describe(len(nodes))
+    return ", ".join(f"{n.name} ({n.address})" for n in nodes)

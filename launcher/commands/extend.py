@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-i", "--inventory", metavar="FILE",
                    help="inventory of the nodes (default: the one provision wrote)")
     add_ssh_arguments(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the command each node would run and what would be tagged; "
+                        "contact nothing, change nothing")
     p.set_defaults(func=run)
 
 
@@ -37,4 +40,4 @@ def _run(args: argparse.Namespace) -> int:
     from launcher.provision.plan import parse_duration
 
     return extend(args.cluster, parse_duration(args.ttl), region=args.region,
-                  options=ssh_options(args), inventory=args.inventory)
+                  options=ssh_options(args), inventory=args.inventory, dry_run=args.dry_run)

@@ -4,9 +4,14 @@ ones that ship with launch, and the commands to type next. Never overwrites a fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shlex
+import unicodedata
 from pathlib import Path
+
+import yaml
 
 from launcher import bundled
 from launcher.errors import LauncherError
@@ -26,25 +31,62 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "init", help="write a recipe and an inventory template to start from",
         description=f"Writes DIR/{RECIPE_FILE} (a copy of a bundled recipe, with the comments "
-                    f"that explain its settings) and DIR/{INVENTORY_FILE} (an inventory template "
-                    "documenting every key), then prints the commands to type next. Existing "
-                    "files are never overwritten: launch init then writes nothing (exit 2).")
+                    "that explain its settings, named after DIR) and DIR/{INVENTORY_FILE} (an "
+                    "inventory template documenting every key), then prints the commands to "
+                    "type next. Existing files are never overwritten: launch init then writes "
+                    "nothing (exit 2).")
     parser.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR",
-                        help="folder to write into, created if missing (default: here)")
+                        help="folder to write into, created if missing (default: here); its "
+                             "name becomes the recipe's name")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="NAME",
                         help=f"bundled recipe to copy (default {DEFAULT_RECIPE}, the CPU demo "
                              "that runs on this machine; `launch recipes` lists them all)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="say what would be written, write nothing")
     parser.set_defaults(func=run)
 
 
 def _shown(path: Path) -> str:
-    """The path as the user would type it: relative when it lies below here, quoted once."""
-    absolute = path.resolve()
+    """The path as the user would type it: relative when it lies below here, quoted once, and
+    never starting with '-' (pasted, that would be read as an option)."""
+    absolute = Path(os.path.abspath(path))
     try:
-        text = str(absolute.relative_to(Path.cwd().resolve()))
+        text = str(absolute.relative_to(Path.cwd()))
     except ValueError:
         text = str(absolute)
+    if text.startswith("-"):
+        text = f"./{text}"
     return shlex.quote(text)
+
+
+def _control_characters(text: str) -> list[str]:
+    """The control characters in `text` (newline, escape, ...), as they would be escaped."""
+    return [repr(c)[1:-1] for c in dict.fromkeys(text)
+            if unicodedata.category(c) == "Cc"]
+
+
+def recipe_name_for(folder: Path, fallback: str) -> str:
+    """The recipe's `name` for a folder: its own name when that is a valid recipe name, else
+    that name with every run of other characters made one '-' (runs of a recipe are told
+    apart by it); `fallback` when nothing usable is left."""
+    base = Path(os.path.abspath(folder)).name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("._-")[:64].rstrip("-")
+    return name or fallback
+
+
+def named_recipe_text(text: str, name: str, source: Path) -> str:
+    """The bundled recipe's text with its top-level `name:` set to `name`, comments kept."""
+    plain = yaml.safe_load(f"name: {name}") == {"name": name}
+    value = name if plain else json.dumps(name)
+    renamed, count = re.subn(r"^name:[^\n]*$", lambda _m: f"name: {value}", text, count=1,
+                             flags=re.MULTILINE)
+    if count != 1 or (yaml.safe_load(renamed) or {}).get("name") != name:
+        raise InitError(f"{source}: its top-level `name:` line could not be set to {name}; "
+                        "copy the file by hand")
+    from launcher.recipe import recipe_from_mapping
+
+    recipe_from_mapping(yaml.safe_load(renamed), str(source))  # the copy loads as it is
+    return renamed
 
 
 def _next_commands(usage: str | None, name: str, recipe: str,
@@ -71,6 +113,60 @@ def _next_commands(usage: str | None, name: str, recipe: str,
     ]
 
 
+def _check_folder(folder: Path, targets: list[Path]) -> None:
+    """Refuse, before writing anything, a folder launch init cannot or must not write into."""
+    bad = _control_characters(str(folder))
+    if bad:
+        raise InitError(f"{str(folder)!r}: the folder name holds control characters "
+                        f"({', '.join(bad)}); a name printed for pasting must not hold any: "
+                        "choose another")
+    try:
+        if folder.is_symlink() and not folder.exists():
+            raise InitError(f"{_shown(folder)} is a symbolic link to {os.readlink(folder)}, "
+                            "which does not exist: remove the link or give another folder")
+        if folder.exists() and not folder.is_dir():
+            raise InitError(f"{_shown(folder)} is a file, not a folder: give launch init a "
+                            "folder to write into")
+        for target in targets:
+            if target.exists() or target.is_symlink():
+                raise InitError(f"{_shown(target)} already exists: launch init never "
+                                "overwrites files; move it away or give another folder "
+                                "(launch init DIR)")
+    except OSError as err:  # a name too long, a folder that cannot be searched
+        raise _cannot_write(err, folder) from None
+
+
+def _cannot_write(err: OSError, folder: Path) -> InitError:
+    where = _shown(Path(err.filename)) if err.filename else _shown(folder)
+    if len(where) > 100:
+        where = f"{where[:60]}...{where[-30:]}"
+    return InitError(f"{where}: cannot write there ({err.strerror or err}); launch init wrote "
+                     "nothing: give a folder you can write to (launch init DIR)")
+
+
+def _write_all(folder: Path, writes: list[tuple[Path, str]]) -> None:
+    """Creates the folder and the files, or, when the system refuses (a read-only folder, a
+    path too long), removes what this call made and says why: all or nothing."""
+    made: list[Path] = []
+    try:
+        missing = [p for p in [folder, *folder.parents] if not p.exists() and not p.is_symlink()]
+        for parent in reversed(missing):
+            parent.mkdir()
+            made.append(parent)
+        for target, text in writes:
+            # "x": a file that appeared since the checks is still never overwritten.
+            with open(target, "x") as out:
+                made.append(target)
+                out.write(text)
+    except OSError as err:
+        for path in reversed(made):
+            try:
+                path.rmdir() if path.is_dir() else path.unlink()
+            except OSError:
+                pass
+        raise _cannot_write(err, folder) from None
+
+
 def run(args: argparse.Namespace) -> int:
     source = bundled.bundled_recipe(args.recipe)
     if source is None:
@@ -78,29 +174,26 @@ def run(args: argparse.Namespace) -> int:
                         f"{', '.join(bundled.recipe_names())}: `launch recipes` says what each "
                         "trains)")
     folder: Path = args.dir
-    if folder.exists() and not folder.is_dir():
-        raise InitError(f"{folder} is a file, not a folder: give launch init a folder to "
-                        "write into")
-    writes = [(folder / RECIPE_FILE, source),
-              (folder / INVENTORY_FILE, bundled.example_inventory())]
-    for target, _ in writes:
-        if target.exists() or target.is_symlink():
-            raise InitError(f"{target} already exists: launch init never overwrites files; "
-                            "move it away or give another folder (launch init DIR)")
-    folder.mkdir(parents=True, exist_ok=True)
-    for target, origin in writes:
-        # "x": a file that appeared since the check above is still never overwritten.
-        with open(target, "x") as out:
-            out.write(origin.read_text())
-
-    name = source.name.removesuffix(bundled.RECIPE_SUFFIX)
+    bundled_name = source.name.removesuffix(bundled.RECIPE_SUFFIX)
+    name = recipe_name_for(folder, bundled_name)
+    writes = [(folder / RECIPE_FILE, named_recipe_text(source.read_text(), name, source)),
+              (folder / INVENTORY_FILE, bundled.example_inventory().read_text())]
+    _check_folder(folder, [target for target, _ in writes])
     header = bundled.recipe_header(source)
     recipe, inventory = _shown(writes[0][0]), _shown(writes[1][0])
+    if args.dry_run:
+        print(f"would write {recipe}: recipe {name}, a copy of the bundled recipe "
+              f"{bundled_name}")
+        print(f"would write {inventory}: an inventory template")
+        print("nothing written (--dry-run)")
+        return 0
+    _write_all(folder, writes)
     width = max(len(recipe), len(inventory))
-    print(f"wrote {recipe:<{width}}  a copy of the bundled recipe {name}: {header.description}")
+    print(f"wrote {recipe:<{width}}  recipe {name}, a copy of the bundled recipe "
+          f"{bundled_name}: {header.description}")
     print(f"wrote {inventory:<{width}}  an inventory template: hosts, SSH user and key, GPUs "
           "(every key explained in its comments)")
-    lines = _next_commands(header.usage, name, recipe, inventory)
+    lines = _next_commands(header.usage, bundled_name, recipe, inventory)
     pad = max(len(cmd) for cmd, why in lines if why)
     print("\nnext:")
     for cmd, why in lines:

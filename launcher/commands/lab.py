@@ -4,6 +4,8 @@ Slurm cluster (slurmctld, one slurmd per host) that `launch run --slurm` submits
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from launcher.lab import Lab
 
 
@@ -23,13 +25,28 @@ def register(sub) -> None:
     up.add_argument("--slurm", action="store_true",
                     help="a Slurm cluster instead: munged, slurmctld and one slurmd per host "
                          "(Debian's slurm-wlm and munge)")
+    up.add_argument("--dry-run", action="store_true",
+                    help="say what would be made; make nothing")
     up.set_defaults(func=lab_up)
     down = actions.add_parser("down", help="stop the hosts and remove everything the lab made")
     down.add_argument("--dir", required=True)
+    down.add_argument("--dry-run", action="store_true",
+                      help="list what would be stopped and removed; remove nothing")
     down.set_defaults(func=lab_down)
 
 
 def lab_up(args) -> int:
+    if args.dry_run:
+        kind = ("a Slurm cluster: munged and slurmctld here, one slurmd per host" if args.slurm
+                else "an sshd each, a key pair and known_hosts")
+        cap = f"; every link capped at {args.cap} each way (tc tbf)" if args.cap else ""
+        behind = ("; host1.. on a private network reached through host0"
+                  if args.private_workers else "")
+        print(f"launch lab up: would make {args.hosts} host(s) "
+              f"{', '.join(f'host{i}' for i in range(args.hosts))} as network namespaces on a "
+              f"new bridge (a free 10.200-249.x.0/24 subnet), {kind}{cap}{behind}; files in "
+              f"{Path(args.dir).resolve()}; nothing made (--dry-run)")
+        return 0
     if args.slurm:
         return slurm_lab_up(args)
     lab = Lab.create(args.dir, args.hosts, cap=args.cap, private_workers=args.private_workers)
@@ -65,6 +82,17 @@ def slurm_lab_up(args) -> int:
 def lab_down(args) -> int:
     from launcher.slurm_lab import SlurmLab
 
+    if args.dry_run:
+        slurm = SlurmLab.is_lab(args.dir)
+        lab = SlurmLab.load(args.dir) if slurm else Lab.load(args.dir)
+        print(f"launch lab down: would stop and remove the {'Slurm ' if slurm else ''}lab in "
+              f"{args.dir}:")
+        for host in lab.hosts:
+            running = lab.pids(host.name)
+            print(f"  {host.name}: network namespace {host.netns}, {len(running)} process(es) "
+                  f"in it" + (f" ({', '.join(map(str, running))})" if running else ""))
+        print(f"  bridge {lab.bridge}, and the folder {args.dir}; nothing removed (--dry-run)")
+        return 0
     if SlurmLab.is_lab(args.dir):
         SlurmLab.load(args.dir).destroy()
         print(f"removed the Slurm lab in {args.dir}")

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from launcher.report import (REPORT_JSON, REPORT_MD, ReportError, render_markdown,
-                                  write_run_report)
+from launcher.report import (REPORT_JSON, REPORT_MD, ReportError, checked_report,
+                             render_markdown, write_run_report)
 
 HELP = f"""\
 Regenerates RUN_DIR/{REPORT_MD} and {REPORT_JSON} (launch writes them after every run, failed
@@ -31,6 +31,8 @@ def register(sub) -> None:
     p.add_argument("--bench", metavar="BANDWIDTH_JSON",
                    help="quote this bench's bandwidth.json (or its run folder)")
     p.add_argument("--json", action="store_true", help="print report.json instead")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"print the report without writing {REPORT_MD} and {REPORT_JSON}")
     p.set_defaults(func=main)
 
 
@@ -53,7 +55,8 @@ def main(args) -> int:
     if bench and not Path(bench).is_file():
         raise ReportError(f"--bench {args.bench}: no bandwidth.json there; pass the run folder "
                           "of a `launch bench` or its bandwidth.json")
-    report = write_run_report(find_run_dir(args.run_dir, args.runs_dir), bench=bench)
+    make = checked_report if args.dry_run else write_run_report
+    report = make(find_run_dir(args.run_dir, args.runs_dir), bench=bench)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

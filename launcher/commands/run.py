@@ -87,7 +87,7 @@ def register(sub) -> None:
                         "run folder (a new attempt; earlier logs are kept)")
     # What follows `--` on the command line: the script's or module's own arguments, taken
     # off before argparse reads the rest (launcher/cli.py).
-    p.set_defaults(func=main, job_args=[], takes_job_args=True)
+    p.set_defaults(func=main, job_args=[])
 
 
 def with_overrides(recipe: Recipe, args) -> Recipe:

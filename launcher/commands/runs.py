@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--stop", metavar="RUN_ID",
                    help="end what an abandoned run left running on this machine")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --stop: name the processes it would end; end none")
     p.set_defaults(func=main)
 
 
@@ -39,6 +41,11 @@ def main(args) -> int:
         if state.status == "running":
             raise LauncherError(f"run {state.run_id} is still supervised by launch (pid "
                                 f"{state.launch_pid}): stop that launch (Ctrl-C) instead")
+        if args.dry_run:
+            pids = state.leftover_pids
+            print(f"run {state.run_id}: would stop {len(pids)} process(es)"
+                  + (f" ({', '.join(map(str, pids))})" if pids else "") + " (--dry-run)")
+            return 0
         sent = stop(state)
         print(f"run {state.run_id}: stopped {len(sent)} process(es)"
               + (f" ({', '.join(map(str, sent))})" if sent else ""))

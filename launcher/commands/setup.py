@@ -1,5 +1,5 @@
-"""`launch setup -i INVENTORY [--check | --verify] [--tags ...] [--limit HOST] [-e VARS]
-[--cluster NAME]`: prepare nodes with Ansible (playbooks/site.yml, run by launcher.setup.apply),
+"""`launch setup (-i INVENTORY | --cluster NAME) [--check | --verify] [--tags ...] [--limit HOST]
+[-e VARS] [--dry-run]`: prepare nodes with Ansible (playbooks/site.yml, run by launcher.setup.apply),
 or check them (launcher.setup.verify)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "setup", help="install drivers, NCCL, EFA, torch and nccl-tests on the inventory's nodes",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-i", "--inventory", required=True, type=Path, metavar="INVENTORY",
+    parser.add_argument("-i", "--inventory", type=Path, metavar="INVENTORY",
                         help="Ansible YAML inventory (the one `launch run -i` reads)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",
@@ -58,8 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="KEY=VALUE, or @FILE (a YAML/JSON mapping): role variables that "
                              "override the inventory's, as Ansible's -e; repeatable")
     parser.add_argument("--cluster", metavar="NAME",
-                        help="cluster whose facts folder receives the node facts "
-                             "(default: the inventory's launch_cluster, else next to the inventory)")
+                        help="the cluster `launch provision --cluster NAME` made: its inventory "
+                             "(without -i) and its facts folder, which receives the node facts "
+                             "(default: the inventory's launch_cluster, else next to the "
+                             "inventory)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the ansible-playbook command, its hosts and variables; "
+                             "contact no host, change nothing")
     parser.set_defaults(func=run)
 
 
@@ -84,17 +89,39 @@ def parse_extra_vars(values: list[str]) -> dict:
     return merged
 
 
-def run(args: argparse.Namespace) -> int:
-    from launcher.setup.apply import run_setup, syntax_check
+def inventory_of(args: argparse.Namespace) -> Path:
+    """-i, else the inventory of --cluster (the same choice `launch run` makes)."""
+    if args.inventory is not None:
+        return args.inventory
+    if args.cluster:
+        from launcher.home import inventory_for
 
+        return inventory_for(args.cluster)
+    raise LauncherError("launch setup needs the nodes: -i INVENTORY, or --cluster NAME for a "
+                        "cluster `launch provision` made")
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.setup.apply import plan_setup, run_setup, syntax_check
+
+    inventory = inventory_of(args)
     if args.syntax_check:
-        return syntax_check(args.inventory)
+        return syntax_check(inventory)
+    if args.verify and args.tags:
+        raise LauncherError("--verify runs the node checks only: drop --tags")
+    extra_vars = parse_extra_vars(args.extra_vars)
+    if args.dry_run:
+        from launcher.setup.verify import verify_arguments
+
+        how = (verify_arguments(extra_vars) if args.verify else
+               {"check": args.check, "tags": args.tags, "extra_vars": extra_vars})
+        print("\n".join(plan_setup(inventory, limit=args.limit, cluster=args.cluster,
+                                   **how).describe()))
+        return 0
     if args.verify:
         from launcher.setup.verify import run_verify
 
-        if args.tags:
-            raise LauncherError("--verify runs the node checks only: drop --tags")
-        return run_verify(args.inventory, limit=args.limit, cluster=args.cluster,
-                          extra_vars=parse_extra_vars(args.extra_vars))
-    return run_setup(args.inventory, check=args.check, tags=args.tags, limit=args.limit,
-                     cluster=args.cluster, extra_vars=parse_extra_vars(args.extra_vars))
+        return run_verify(inventory, limit=args.limit, cluster=args.cluster,
+                          extra_vars=extra_vars)
+    return run_setup(inventory, check=args.check, tags=args.tags, limit=args.limit,
+                     cluster=args.cluster, extra_vars=extra_vars)

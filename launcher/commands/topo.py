@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from launcher.backends import NodeResult, add_where_arguments, backend_from_args
+from launcher.commands.common import where_nodes
 from launcher.inventory import Node
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
@@ -33,6 +35,8 @@ def register(sub) -> None:
     add_where_arguments(p)
     p.add_argument("--instance-type", help="on this machine: its instance type")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say which nodes would be asked and what; contact none")
     p.set_defaults(func=main)
 
 
@@ -57,6 +61,10 @@ def main(args) -> int:
     # On this machine one answer covers every local node agent: ask once, as "local".
     nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.kind == "local"
              else backend.nodes(args.nodes))
+    if args.dry_run:
+        print(f"launch topo: would run `{shlex.join(NVIDIA_SMI_TOPO)}` on "
+              f"{where_nodes(backend, nodes)}; nothing contacted (--dry-run)")
+        return 0
     answers = backend.run_on_all(nodes, NVIDIA_SMI_TOPO, timeout=TIMEOUT_S)
     # In the nodes' order; named as the backend answers (Slurm: the allocated nodes' names).
     outputs = [node_output(answer, args.instance_type or node.instance_type)

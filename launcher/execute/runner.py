@@ -25,14 +25,15 @@ def _now() -> str:
 
 # What the bundled trainer reports of itself (result.json of the node that held rank 0): only
 # a trainer run's summary has these keys; a user's own job gets what launch measured itself.
-TRAINER_FACTS = ("steps", "images_per_sec", "step_time_s", "final_loss", "eval_accuracy",
-                 "train_time_s", "comm_share", "comm_wait_s", "compute_s", "tx_bytes_per_step",
+TRAINER_FACTS = ("steps", "images_per_sec", "final_loss", "eval_accuracy", "train_time_s",
+                 # The mean step and its mean parts: compute + data wait + communication wait.
+                 "step_split", "tx_bytes_per_step",
                  # Which interface counter each figure comes from; nodes sharing one (local
                  # nodes on loopback) are one entry, counted once.
                  "tx_counters", "checkpoint", "ddp", "auto",
                  # Ranks whose own compute held every step back (train/stragglers.py), and
-                 # every rank's medians: busy time split into compute, data wait and exposed
-                 # communication wait.
+                 # every rank's step split as step_split's (means: compute, data wait, exposed
+                 # communication wait).
                  "stragglers", "rank_times")
 
 

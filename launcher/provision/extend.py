@@ -45,7 +45,7 @@ def _move(node: Node, expires_at: str, options) -> str | None:
 
 
 def extend(cluster: str, hours: float, *, region: str | None, options,
-           inventory: str | None = None) -> int:
+           inventory: str | None = None, dry_run: bool = False) -> int:
     validate_cluster_name(cluster)
     if hours <= 0:
         raise LauncherError("--ttl must be more than 0: it is the new lifetime from now")
@@ -53,14 +53,24 @@ def extend(cluster: str, hours: float, *, region: str | None, options,
     if ledger is None or ledger.status in ("new", "deleted"):
         raise LauncherError(f"no cluster {cluster} in the ledger ({Ledger.path_for(cluster)}); "
                             "`launch status` lists the clusters")
+    path = Path(inventory or ledger.data.get("inventory") or cluster_inventory(cluster))
+    nodes = load_inventory(path)
+    expires_at = iso(datetime.now(timezone.utc) + timedelta(hours=hours))
+    if dry_run:
+        print(f"Cluster {cluster} (region {region or ledger.region}): would move the expiry to "
+              f"{expires_at} ({hours:g} h from now), now {ledger.data.get('expires_at')}:")
+        for node in nodes:
+            setter = str(node.extra.get("launch_ttl_setter") or ttl.SETTER)
+            print(f"  {node.name} ({node.address}): "
+                  f"{ttl.set_command(expires_at, setter, sudo=node.user != 'root')}")
+        print(f"  then the {EXPIRES_AT_TAG} tag of its instances, security groups and "
+              "addresses, and the ledger; nothing contacted (--dry-run)")
+        return 0
     sess = aws.session(region or ledger.region)
     if not aws.has_credentials(sess):
         raise NoCredentials("no AWS credentials found: extend moves the expiry tags too; "
                             "configure them (aws configure, AWS_PROFILE, aws sso login)")
     ec2 = aws.client(sess, "ec2")
-    path = Path(inventory or ledger.data.get("inventory") or cluster_inventory(cluster))
-    nodes = load_inventory(path)
-    expires_at = iso(datetime.now(timezone.utc) + timedelta(hours=hours))
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
         problems = dict(zip([n.name for n in nodes],
                             pool.map(lambda n: _move(n, expires_at, options), nodes)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -256,14 +257,43 @@ class SetupRun:
     run_dir: Path
 
 
-def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | None = None,
-                   limit: str | None = None, cluster: str | None = None,
-                   out: TextIO | None = None, extra_vars: dict[str, Any] | None = None,
-                   echo: bool = True, what: str = "launch setup") -> SetupRun:
-    """run_setup's work, with the report kept; echo=False keeps the progress in the log only."""
-    import ansible_runner  # imported here: `launch --help` should not pay for it
+@dataclass(frozen=True)
+class SetupPlan:
+    """What one `launch setup` hands ansible-playbook: printed by --dry-run, run by
+    apply_playbook."""
 
-    out = out or sys.stdout
+    inventory: Path
+    hosts: list[str]
+    playbook: Path
+    ansible_playbook: str
+    check: bool
+    tags: list[str]
+    limit: str | None
+    facts: Path
+    extravars: dict[str, Any]
+
+    def argv(self) -> list[str]:
+        """The ansible-playbook command line ansible-runner runs (in the playbooks folder);
+        the variables go in a file of its own (shown beside, not pasted here)."""
+        return ([self.ansible_playbook, "-i", str(self.inventory)]
+                + (["--limit", self.limit] if self.limit else [])
+                + (["--tags", ",".join(self.tags)] if self.tags else [])
+                + (["--check"] if self.check else [])
+                + ["-e", "@EXTRAVARS", self.playbook.name])
+
+    def describe(self) -> list[str]:
+        mode = " in check mode (nothing changes)" if self.check else ""
+        return [f"launch setup{mode}: {len(self.hosts)} host(s) in {self.inventory}: "
+                + ", ".join(self.hosts),
+                f"  in {self.playbook.parent}: {shlex.join(self.argv())}",
+                f"  EXTRAVARS: {json.dumps(self.extravars, sort_keys=True)}",
+                f"  node facts to {self.facts}/<host>.json"]
+
+
+def plan_setup(inventory: Path, *, check: bool = False, tags: list[str] | None = None,
+               limit: str | None = None, cluster: str | None = None,
+               extra_vars: dict[str, Any] | None = None) -> SetupPlan:
+    """Reads the inventory and checks the arguments; contacts no host, changes nothing."""
     inventory = Path(inventory).resolve()
     nodes = load_inventory(inventory)
     tags = [t for tag in (tags or []) for t in tag.split(",") if t]
@@ -275,13 +305,31 @@ def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | No
         cluster = next((n.extra.get("launch_cluster") for n in nodes
                         if n.extra.get("launch_cluster")), None)
     catalog = catalog_vars(nodes, inventory)
-    ansible_playbook = _ansible_playbook()
-    playbooks = playbooks_dir()
     facts = facts_dir(inventory, cluster)
+    return SetupPlan(
+        inventory=inventory, hosts=[n.name for n in nodes],
+        playbook=playbooks_dir() / PLAYBOOK, ansible_playbook=_ansible_playbook(),
+        check=check, tags=tags, limit=limit, facts=facts,
+        extravars={"node_facts_controller_dir": str(facts),
+                   "cluster_ssh_controller_dir": str(facts.parent / "ssh"),
+                   "launch_platform_catalog": catalog, **(extra_vars or {})})
+
+
+def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | None = None,
+                   limit: str | None = None, cluster: str | None = None,
+                   out: TextIO | None = None, extra_vars: dict[str, Any] | None = None,
+                   echo: bool = True, what: str = "launch setup") -> SetupRun:
+    """run_setup's work, with the report kept; echo=False keeps the progress in the log only."""
+    import ansible_runner  # imported here: `launch --help` should not pay for it
+
+    out = out or sys.stdout
+    plan = plan_setup(inventory, check=check, tags=tags, limit=limit, cluster=cluster,
+                      extra_vars=extra_vars)
+    inventory, tags, facts = plan.inventory, plan.tags, plan.facts
     run_dir = _new_run_dir()
     # Control sockets need a short path (108 bytes); $LAUNCH_HOME can be deep.
     control_dir = Path(tempfile.mkdtemp(prefix="launch-ssh-"))
-    hosts = [n.name for n in nodes]
+    hosts = plan.hosts
     with open(run_dir / "progress.log", "w") as log:
         printer = ProgressPrinter(hosts, out, log, echo=echo)
         mode = " in check mode (nothing changes)" if check else ""
@@ -294,24 +342,22 @@ def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | No
         try:
             runner = ansible_runner.run(
                 private_data_dir=str(run_dir),
-                project_dir=str(playbooks),
-                playbook=PLAYBOOK,
+                project_dir=str(plan.playbook.parent),
+                playbook=plan.playbook.name,
                 inventory=str(inventory),
                 limit=limit,
                 tags=",".join(tags) or None,
                 cmdline="--check" if check else None,
-                extravars={"node_facts_controller_dir": str(facts),
-                           "cluster_ssh_controller_dir": str(facts.parent / "ssh"),
-                           "launch_platform_catalog": catalog, **(extra_vars or {})},
+                extravars=plan.extravars,
                 envvars={
                     # ansible-runner finds ansible-playbook on this PATH (its `binary` option
                     # would switch it to running a raw command without the playbook).
-                    "PATH": os.pathsep.join([str(Path(ansible_playbook).parent),
+                    "PATH": os.pathsep.join([str(Path(plan.ansible_playbook).parent),
                                              os.environ.get("PATH", "")]),
                     # ansible-runner turns host key checking off unless told otherwise; the
                     # inventory's known_hosts (launch provision verifies them) must count.
                     "ANSIBLE_HOST_KEY_CHECKING": "True",
-                    "ANSIBLE_CONFIG": str(playbooks / "ansible.cfg"),
+                    "ANSIBLE_CONFIG": str(plan.playbook.parent / "ansible.cfg"),
                     "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
                     "ANSIBLE_NOCOLOR": "1",
                 },

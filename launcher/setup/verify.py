@@ -41,13 +41,19 @@ def evidence_table(checks: dict[str, list[dict[str, str]]], hosts: list[str]) ->
     return format_table(("host", "check", "status", "evidence"), rows) if rows else ""
 
 
+def verify_arguments(extra_vars: dict[str, Any] | None) -> dict[str, Any]:
+    """How --verify runs the playbook: check mode, the node checks only, every result kept
+    (a failed check is a table cell, not a stopped play)."""
+    return {"check": True, "tags": ["node_checks"],
+            "extra_vars": {**(extra_vars or {}), "node_checks_fail": False}}
+
+
 def run_verify(inventory: Path, *, limit: str | None = None, cluster: str | None = None,
                extra_vars: dict[str, Any] | None = None, out: TextIO | None = None) -> int:
     """0 when every host ran every check and none failed; 1 otherwise (the table says where)."""
     out = out or sys.stdout
-    run = apply_playbook(inventory, check=True, tags=["node_checks"], limit=limit,
-                         cluster=cluster, out=out, echo=False, what="launch setup --verify",
-                         extra_vars={**(extra_vars or {}), "node_checks_fail": False})
+    run = apply_playbook(inventory, limit=limit, cluster=cluster, out=out, echo=False,
+                         what="launch setup --verify", **verify_arguments(extra_vars))
     report = run.report
     hosts = list(report.counts) or sorted(report.checks)
     problems = {}

@@ -127,9 +127,10 @@ def test_recipe_gate_floor_is_validated():
 WHERE = [("h0", 0), ("h1", 0), ("h2", 0)]
 
 
-def rows(slow_busy: float) -> list[tuple[float, float, float]]:
-    """(compute, data, comm) per rank; rank 2 computes `slow_busy` s, the others 0.1 s."""
-    return [(0.1, 0.0, 0.2), (0.1, 0.0, 0.2), (slow_busy, 0.0, 0.05)]
+def rows(slow_busy: float) -> list[tuple[float, float, float, int]]:
+    """(compute, data, comm) means of 5 steps per rank; rank 2 computes `slow_busy` s, the
+    others 0.1 s."""
+    return [(0.1, 0.0, 0.2, 5), (0.1, 0.0, 0.2, 5), (slow_busy, 0.0, 0.05, 5)]
 
 
 def test_a_rank_slow_for_three_intervals_in_a_row_is_named():
@@ -142,8 +143,11 @@ def test_a_rank_slow_for_three_intervals_in_a_row_is_named():
     result = judge.result()
     assert result["stragglers"] == [{"node": "h2", "rank": 2, "local_rank": 0,
                                      "ratio": 2.1, "intervals": 4}]
-    assert result["rank_times"][2] == {"rank": 2, "node": "h2", "local_rank": 0,
-                                       "compute_s": 0.21, "data_s": 0.0, "comm_s": 0.05}
+    # Its split, means over its 20 steps: (15 x 0.21 + 5 x 0.3) / 20 = 0.2325 s of compute.
+    assert result["rank_times"][2] == {
+        "rank": 2, "node": "h2", "local_rank": 0, "statistic": "mean", "steps": 20,
+        "step_s": 0.2825, "compute_s": 0.2325, "data_wait_s": 0.0, "comm_wait_s": 0.05,
+        "comm_share": 0.177}
 
 
 def test_an_interrupted_streak_names_nobody():
@@ -155,7 +159,7 @@ def test_an_interrupted_streak_names_nobody():
 
 def test_data_wait_counts_and_is_said():
     judge = StragglerJudge(WHERE)
-    slow = [(0.1, 0.0, 0.2), (0.1, 0.0, 0.2), (0.1, 0.2, 0.0)]
+    slow = [(0.1, 0.0, 0.2, 5), (0.1, 0.0, 0.2, 5), (0.1, 0.2, 0.0, 5)]
     judge.observe(5, slow)
     judge.observe(10, slow)
     [line] = judge.observe(15, slow)

@@ -4,11 +4,14 @@ the rule that launch finds its files through the package, never relative to a ch
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launcher import bundled
 
@@ -65,7 +68,10 @@ def test_recipes_json_gives_each_recipe_its_file_and_how_it_runs(run_launch):
 def test_init_writes_the_cpu_demo_and_an_inventory_and_its_next_commands_work(run_launch, tmp_path):
     proc = run_launch("init", "proj", check=True)
     recipe, inventory = tmp_path / "proj" / "recipe.yml", tmp_path / "proj" / "inventory.yml"
-    assert recipe.read_bytes() == (RECIPES / "vit-tiny-local.yml").read_bytes()
+    # The bundled recipe, comments and all, named after its folder: runs can be told apart.
+    bundled_text = (RECIPES / "vit-tiny-local.yml").read_text()
+    assert recipe.read_text() == bundled_text.replace("\nname: vit-tiny-local\n",
+                                                      "\nname: proj\n")
     assert inventory.read_bytes() == EXAMPLE_INVENTORY.read_bytes()
     assert sorted(p.name for p in (tmp_path / "proj").iterdir()) == ["inventory.yml", "recipe.yml"]
     assert "wrote proj/recipe.yml " in proc.stdout and "wrote proj/inventory.yml " in proc.stdout
@@ -78,13 +84,14 @@ def test_init_writes_the_cpu_demo_and_an_inventory_and_its_next_commands_work(ru
     ]
     # The first command it tells a newcomer to type works as printed, on the copy.
     plan = run_launch(*commands[0], check=True).stdout
-    assert "recipe vit-tiny-local (proj/recipe.yml)" in plan
+    assert "recipe proj (proj/recipe.yml)" in plan
     assert "2 node(s) x 1 process(es) = world size 2" in plan
 
 
 def test_init_with_a_cluster_recipe_points_at_the_inventory(run_launch, tmp_path):
     proc = run_launch("init", "--recipe", "vit-b16-p4d", check=True)
-    assert (tmp_path / "recipe.yml").read_bytes() == (RECIPES / "vit-b16-p4d.yml").read_bytes()
+    # Into "here": the recipe takes the name of the folder it is in.
+    assert yaml.safe_load((tmp_path / "recipe.yml").read_text())["name"] == tmp_path.name
     commands = next_commands(proc.stdout)
     assert commands[0] == ["run", "--nodes", "2", "recipe.yml", "-i", "inventory.yml",
                            "--dry-run"]
@@ -116,6 +123,84 @@ def test_init_refuses_an_unknown_recipe_and_a_file_as_folder(run_launch, tmp_pat
     (tmp_path / "notes").write_text("x")
     proc = run_launch("init", "notes")
     assert proc.returncode == 2 and "notes is a file, not a folder" in proc.stderr
+
+
+@pytest.mark.parametrize("folder, name", [
+    ("exp 1", "exp-1"), ("résumé", "r-sum"), ("..", None),
+    ("a$(touch pwned)`id`", "a-touch-pwned-id"),
+    ("-x", "x"), ("1e3", "1e3"), ("true", "true"),
+])
+def test_init_names_the_recipe_after_its_folder_and_its_next_lines_paste_safely(
+        run_launch, tmp_path, folder, name):
+    """The name is the folder's own where that is a recipe name, else its usable part; every
+    printed command, pasted into a shell, runs exactly the argv it shows and nothing else."""
+    work = tmp_path / "work" / "sub"
+    work.mkdir(parents=True)
+    proc = run_launch("init", "--", folder, cwd=work, check=True)
+    written = (work / folder / "recipe.yml").resolve()
+    expected = name or written.parent.name
+    assert yaml.safe_load(written.read_text())["name"] == expected
+    lines = [line.split("   # ", 1)[0].strip()
+             for line in proc.stdout.split("\nnext:\n", 1)[1].splitlines()]
+    commands = [line for line in lines if line.startswith("launch ")]
+    assert commands
+    for line in commands:
+        shown = shlex.split(line)
+        pasted = subprocess.run(["bash", "-c", f"launch() {{ printf '%s\\0' \"$@\"; }}; {line}"],
+                                cwd=work, capture_output=True, text=True, check=True)
+        assert pasted.stdout.split("\0")[:-1] == shown[1:]
+        recipe_args = [a for a in shown if a.endswith("recipe.yml")]
+        assert all(Path(work, a).resolve() == written for a in recipe_args)
+        assert not any(a.startswith("-") and a.endswith(".yml") for a in shown)
+    assert not (work / "pwned").exists()
+
+
+@pytest.mark.parametrize("folder", ["new\nline", "tab\there", "esc\x1b[31m", "del\x7f"])
+def test_init_refuses_control_characters_in_the_folder_name(run_launch, tmp_path, folder):
+    proc = run_launch("init", folder)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "the folder name holds control characters" in proc.stderr
+    assert not any(p.name.startswith(folder[:3]) for p in tmp_path.iterdir())
+
+
+def test_init_into_a_dangling_link_or_a_too_long_path_says_why_and_writes_nothing(
+        run_launch, tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    proc = run_launch("init", "gone")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "gone is a symbolic link to" in proc.stderr and "which does not exist" in proc.stderr
+    assert not (tmp_path / "nowhere").exists()
+    for long in ("x" * 300, "/".join(["y" * 200] * 30)):
+        proc = run_launch("init", long)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "cannot write there (File name too long)" in proc.stderr
+        assert long.split("/")[0] not in os.listdir(tmp_path)
+
+
+def test_init_into_a_read_only_folder_says_why_and_leaves_nothing(run_launch, tmp_path):
+    """A read-only file system (root writes through permission bits, so chmod would not do):
+    the folder launch init made on the way is removed again."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        proc = run_launch("init", "ro/sub/proj")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "ro/sub: cannot write there (Read-only file system); launch init wrote nothing" \
+            in proc.stderr
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert list(ro.iterdir()) == []
+
+
+def test_init_dry_run_writes_nothing(run_launch, tmp_path):
+    proc = run_launch("init", "proj", "--dry-run", check=True)
+    assert "would write proj/recipe.yml: recipe proj, a copy of the bundled recipe " \
+        "vit-tiny-local" in proc.stdout
+    assert not (tmp_path / "proj").exists()
 
 
 def test_setup_syntax_check_finds_the_bundled_playbooks(run_launch, tmp_path):

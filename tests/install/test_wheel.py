@@ -168,7 +168,8 @@ def test_init_then_a_short_real_local_run(installed, empty_dir):
     installed.run("init", cwd=empty_dir)
     recipe = empty_dir / "recipe.yml"
     data = yaml.safe_load(recipe.read_text())
-    assert data["name"] == "vit-tiny-local"
+    # Named after the folder it was written into, so that runs can be told apart.
+    assert data["name"] == empty_dir.name
     # The copy is ours to edit: 2 blocks and 20 steps instead of 12 blocks and 15 epochs.
     data["train"].pop("epochs")
     data["train"].update(depth=2, steps=20, log_every=5)

@@ -2,26 +2,74 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from train.commtime import CommTimer, StepComm, summarize
+from train.commtime import CommTimer
+from train.stepsplit import StepTimes, split, split_of_totals
 from train.ddp import DDPSettings, wrap_ddp
 from train.model import build_vit
 
 
 def test_step_numbers():
-    step = StepComm(step_time_s=0.5, comm_wait_s=0.125)
-    assert (step.compute_s, step.comm_share) == (0.375, 0.25)
-    assert StepComm(0.0, 0.0).comm_share == 0.0
+    step = StepTimes(step_time_s=0.5, comm_wait_s=0.125, data_wait_s=0.075)
+    assert (step.compute_s, step.comm_share) == (0.3, 0.25)
+    assert StepTimes(0.0, 0.0).comm_share == 0.0
 
 
-def test_summary_weighs_long_steps_more():
-    steps = [StepComm(0.1, 0.05), StepComm(0.3, 0.05)]
-    assert summarize(steps) == {"comm_wait_s": 0.05, "compute_s": 0.15, "comm_share": 0.25}
-    assert summarize([]) == {"comm_wait_s": 0.0, "compute_s": 0.0, "comm_share": 0.0}
+def test_split_is_means_that_add_up_and_weighs_long_steps_more():
+    steps = [StepTimes(0.1, 0.05, 0.01), StepTimes(0.3, 0.05, 0.03)]
+    assert split(steps) == {"statistic": "mean", "steps": 2, "step_s": 0.2, "compute_s": 0.13,
+                            "data_wait_s": 0.02, "comm_wait_s": 0.05, "comm_share": 0.25}
+    assert split([])["step_s"] == 0.0 and split([])["comm_share"] == 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_parts_add_up_to_the_step_within_rounding(seed):
+    """The report's arithmetic: whatever the steps, compute + data wait + communication wait
+    is the mean step to the last digit rounding can move (three parts rounded to 1e-6)."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(rng.randint(1, 400)):
+        total = rng.lognormvariate(-2, 1)
+        comm = total * rng.random() * 0.9
+        steps.append(StepTimes(total, comm, (total - comm) * rng.random() * 0.3))
+    parts = split(steps)
+    assert parts["compute_s"] + parts["data_wait_s"] + parts["comm_wait_s"] == \
+        pytest.approx(parts["step_s"], abs=2e-6)
+    assert parts["step_s"] == pytest.approx(statistics.fmean(s.step_time_s for s in steps),
+                                            abs=1e-6)
+    assert parts["comm_share"] == pytest.approx(parts["comm_wait_s"] / parts["step_s"],
+                                                abs=1e-3)
+    # Interval means weighted by their steps (how rank_times and the report's fallback
+    # combine them) give the same split as all the steps at once.
+    cut = len(steps) // 2
+    halves = [split(part) for part in (steps[:cut], steps[cut:]) if part]
+    combined = split_of_totals(
+        sum(h["steps"] for h in halves), *(sum(h[k] * h["steps"] for h in halves)
+                                          for k in ("step_s", "data_wait_s", "comm_wait_s")))
+    for key in ("step_s", "data_wait_s", "comm_wait_s"):
+        assert combined[key] == pytest.approx(parts[key], abs=2e-6)
+
+
+def test_data_wait_is_the_time_in_the_loaders_next(gloo):
+    _, timer = _train("none", timed=True, steps=1)
+
+    def slow():
+        time.sleep(0.05)
+        yield "batch"
+
+    batches = timer.timed(slow())
+    assert next(batches) == "batch"
+    step = timer.step_done(1.0)
+    assert 0.05 <= step.data_wait_s <= 1.0
+    assert timer.step_done(1.0).data_wait_s == 0.0  # counted once, for its own step
 
 
 @pytest.fixture
@@ -66,6 +114,6 @@ def test_timing_changes_no_parameter_and_records_every_step(gloo, hook):
 
 def test_a_step_without_backward_waits_nothing(gloo):
     _, timer = _train("none", timed=True, steps=1)
-    assert timer.step_done(0.2) == StepComm(0.2, 0.0)
+    assert timer.step_done(0.2) == StepTimes(0.2, 0.0, 0.0)
     timer.close()
     assert timer._handles == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -49,8 +50,31 @@ def test_markdown_states_wiring_bandwidth_and_comm_share(runs):
             "network carries at least reduce_scatter's algbw x 0.5 whatever algorithm NCCL "
             "picks; busbw assumes one ring of all ranks); peak busbw 8.02 GB/s; from "
             "../bench-sock/bandwidth.json.") in text
-    assert "1843.2 images/s, 0.4167 s per step (from p4d-a/result.json)." in text
-    assert "Waiting on communication: 41% of step time" in text
+    # The median step behind images/s, and the mean step beside the parts that add up to it.
+    assert "1871.8 images/s (median step 0.4103 s), from p4d-a/result.json." in text
+    assert ("A step takes 0.4167 s on average = 0.2458 s compute + 0.0000 s data wait + 0.1709 s "
+            "waiting on communication (means over 197 steps): 41% of step time waits on "
+            "communication (comm hook none).") in text
+
+
+SPLIT_LINE = re.compile(r"A step takes ([\d.]+) s on average = ([\d.]+) s compute \+ ([\d.]+) s "
+                        r"data wait \+ ([\d.]+) s waiting on communication")
+RANK_PART = re.compile(r"rank \d+ ([\d.]+) s = ([\d.]+) \+ ([\d.]+) \+ ([\d.]+) s")
+
+
+def adds_up(whole: str, *parts: str) -> bool:
+    """Four decimals each: the printed parts may miss the printed whole by three half-units."""
+    return abs(sum(map(float, parts)) - float(whole)) <= 1.5e-4 + 1e-12
+
+
+@pytest.mark.parametrize("name", ["p4d-socket", "p4d-efa", "g6e-single"])
+def test_the_printed_step_split_adds_up(runs, name):
+    """report.md once printed "0.1645 s per step" beside "0.0366 s waiting and 0.1638 s the
+    rest": a median beside means. Every split it prints now adds up to the step beside it."""
+    folder, facts = runs
+    text = render_markdown(build_report(folder / name, facts_from=[facts]))
+    [whole] = SPLIT_LINE.findall(text)
+    assert adds_up(*whole)
 
 
 def test_two_node_bench_compares_algbw_with_the_network_and_says_so(runs):
@@ -142,8 +166,10 @@ def test_after_a_run_the_warnings_and_advice_are_printed(runs, tmp_path, monkeyp
     assert out[0] == f"launch: report in {folder / 'p4d-socket' / 'report.md'}"
     assert "launch: warning: p4d-b: p4d.24xlarge has 4 EFA interfaces but NCCL used " \
            "NET/Socket" in out
-    assert out[-1].startswith("launch: to change: 41% of each step waits on communication: "
-                              "set ddp.comm_hook: auto")
+    assert out[-1].startswith("launch: advice: 41% of each step (0.1709 s of 0.4167 s, mean of "
+                              "197 steps) waits on communication over TCP between hosts: set "
+                              "ddp.comm_hook: auto and ddp.bucket_cap_mb: auto; launch's "
+                              "benchmark measured")
     assert (folder / "p4d-socket" / "report.json").exists()
 
 
@@ -184,19 +210,30 @@ def test_report_of_a_real_local_run(run_launch, tmp_path, monkeypatch):
     training = report["training"]
     rank0 = json.loads((run / "summary.json").read_text())["rank0_node"]
     assert training["source"] == f"{rank0}/result.json"
-    assert training["comm_hook"] == "fp16"
-    assert 0.0 <= training["comm_share"] <= 1.0
-    assert training["comm_wait_s"] >= 0 and training["compute_s"] > 0
+    assert training["comm_hook"] == "fp16" and report["link"] == "one machine"
+    split = training["split"]
+    assert 0.0 <= split["comm_share"] <= 1.0 and split["steps"] == 5   # 8 steps, 3 warm-up
+    assert split["comm_wait_s"] >= 0 and split["compute_s"] > 0
+    assert split["compute_s"] + split["data_wait_s"] + split["comm_wait_s"] == \
+        pytest.approx(split["step_s"], abs=2e-6)
     text = (run / "report.md").read_text()
     assert "| node0 | unknown | 0 | none: CPU node | not used (gloo) | gloo over TCP (lo) | n/a |" \
         in text
-    assert "Waiting on communication: " in text
-    # Every logged step carries the trainer's communication numbers.
+    # The mean step and its parts, for the run and for each rank, add up as printed.
+    [whole] = SPLIT_LINE.findall(text)
+    assert adds_up(*whole)
+    ranks = RANK_PART.findall(text)
+    assert len(ranks) == 2 and all(adds_up(*r) for r in ranks)
+    # Every logged step carries the trainer's split of its interval.
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [4, 8]
     for m in metrics:
-        assert m["comm_wait_s"] + m["compute_s"] == pytest.approx(m["step_time_s"], abs=2e-6)
-        assert m["comm_share"] == pytest.approx(m["comm_wait_s"] / m["step_time_s"], abs=1e-4)
+        part = m["split"]
+        assert part["steps"] == 4 and part["step_s"] == pytest.approx(m["step_time_s"], abs=2e-6)
+        assert part["compute_s"] + part["data_wait_s"] + part["comm_wait_s"] == \
+            pytest.approx(part["step_s"], abs=2e-6)
+        assert part["comm_share"] == pytest.approx(part["comm_wait_s"] / part["step_s"],
+                                                   abs=1e-4)
     # `launch report` rewrites the same report from the folder.
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     before = (run / "report.json").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import stat
 
-from launcher.nccl.advice import share_advice, wiring_advice
+from launcher.nccl.advice import wiring_advice
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
 AUTO = ("set ddp.comm_hook: auto and ddp.bucket_cap_mb: auto: the trainer times its "
@@ -71,25 +71,6 @@ def test_wiring_advice_for_sockets_between_nodes_and_for_gloo():
         assert not any(hook in advice for hook in ("bf16", "fp16", "powersgd"))
     assert wiring_advice("nvswitch", 2, fast_network=None) == []  # network unknown: no guess
     assert wiring_advice(None, 2, None) == []
-
-
-def test_the_measured_share_decides():
-    assert share_advice(0.45, "none") == [f"45% of each step waits on communication: {AUTO}"]
-    assert share_advice(0.45, "bf16") == [
-        f"45% of each step waits on communication even with bf16 compression: {AUTO}; or "
-        "faster links (check the transports above)"]
-    assert share_advice(0.05, "fp16") == [
-        "only 5% of each step waits on communication with fp16 compression: ddp.comm_hook: "
-        "auto would measure plain all-reduce first and keep compression (and its accuracy "
-        "risk) only if it makes steps faster"]
-    # The same threshold as the trainer's comm_hook auto (15%): one rule, not two.
-    assert share_advice(0.15, "none") == [f"15% of each step waits on communication: {AUTO}"]
-    assert share_advice(0.14, "none") == []
-    assert share_advice(0.05, "auto") == []
-    assert share_advice(0.5, "auto") == [
-        "50% of each step waits on communication even with comm_hook: auto: the links are the "
-        "bottleneck (check the transports above)"]
-    assert share_advice(None, "none") == []
 
 
 def test_cli_without_nvidia_smi_says_so_and_exits_1(run_launch, tmp_path):

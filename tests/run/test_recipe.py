@@ -37,8 +37,10 @@ def with_(**changes):
 
 CASES = [
     # (recipe, key the message must name, words it must contain)
-    (with_(train__batchsize=32), "train.batchsize", "did you mean `batch_size`?"),
-    (with_(colour="red"), "colour", "unknown key"),
+    (with_(train__batchsize=32), "train.batchsize",
+     "unknown key (did you mean `batch_size`? The recipe reference is in README.md.)"),
+    (with_(colour="red"), "colour",
+     "unknown key (check the spelling. The recipe reference is in README.md.)"),
     (with_(ddp__powersgd__ranks=2), "ddp.powersgd.ranks", "unknown key"),
     (with_(nodes="two"), "nodes", "integer"),
     (with_(train__batch_size="big"), "train.batch_size", "integer"),
@@ -53,6 +55,10 @@ CASES = [
      "ddp.powersgd.start_iter", "start_iter > 1"),
     (with_(ddp__comm_hook="powersgd", ddp__powersgd={"start_iter": 0, "warm_start": False}),
      "ddp.powersgd.start_iter", "error_feedback"),
+    (with_(ddp__comm_hook="auto", ddp__powersgd={"error_feedback": False}),
+     "ddp.powersgd.error_feedback", "comm_hook auto runs PowerSGD as its paper does"),
+    (with_(ddp__comm_hook="auto", ddp__powersgd={"warm_start": False}),
+     "ddp.powersgd.warm_start", "with error feedback and warm start"),
     (with_(ddp__static_graph=True, train__grad_accum_steps=4), "ddp.static_graph",
      "grad_accum_steps"),
     (with_(train__patch_size=3), "train.patch_size", "does not divide"),

@@ -223,23 +223,25 @@ def test_a_rank_without_a_stack_is_undetermined_and_a_vanished_one_stuck():
 # ---- comm_hook auto across a resume --------------------------------------------------------
 
 def test_autos_decision_stands_after_a_resume_and_a_measurement_starts_again():
-    from train.ddp import NEVER, AutoCompression, AutoDecision, ResumablePowerSGDState
+    from train.autocomm import AutoCompression, AutoDecision
+    from train.ddp import NEVER, ResumablePowerSGDState
 
     state = ResumablePowerSGDState(process_group=None, matrix_approximation_rank=1,
                                    start_powerSGD_iter=NEVER)
-    decided = AutoCompression(state)
-    decided.decision = AutoDecision("powersgd", "pays", 15, 0.4, 0.2, 0.1)
-    resumed = AutoCompression(state)
+    schedule = {"total_steps": 400, "lr_warmup_steps": 20, "start_iter": 10}
+    decided = AutoCompression(state, **schedule)
+    decided.decision = AutoDecision("powersgd", "pays", 15, 0.4)
+    resumed = AutoCompression(state, **schedule)
     resumed.load_state_dict(decided.state_dict(), resumed_at_step=40)
-    assert resumed.decision == decided.decision
-    measuring = AutoCompression(state)
-    measuring._trial_from = 9
-    state.start_powerSGD_iter = 12            # its trial had switched PowerSGD on
-    fresh = AutoCompression(state)
+    assert resumed.decision == decided.decision and resumed.phase == "done"
+    measuring = AutoCompression(state, **schedule)
+    measuring.phase = "trial"
+    state.start_powerSGD_iter = 0              # its trial had switched PowerSGD on
+    fresh = AutoCompression(state, **schedule)
     fresh.load_state_dict(measuring.state_dict(), resumed_at_step=40)
     assert fresh.decision is None and state.start_powerSGD_iter == NEVER
     assert fresh.outcome(41)["reason"] == ("run ended at step 41 during the measurement of "
-                                           "plain all-reduce (needs 48)")
+                                           "plain all-reduce")
 
 
 # ---- checkpoint files ---------------------------------------------------------------------

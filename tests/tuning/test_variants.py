@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 
 from launcher.plan import trainer_args
 from launcher.recipe import recipe_from_mapping
-from train.ddp import (NEVER, AutoCompression, DDPSettings, LinkProbe, OneBucketAtATime,
-                       choose_bucket_cap_mb, probe_link, wrap_ddp)
+from train.ddp import NEVER, DDPSettings, OneBucketAtATime, wrap_ddp
 from train.main import parse_args
 from train.model import build_vit
 
@@ -70,95 +68,3 @@ def test_auto_registers_powersgd_that_waits_for_a_decision(world_of_one, ddp_tun
     assert hook_names(ddp) == ["powerSGD_hook"]
     assert state.matrix_approximation_rank == 4
     assert state.start_powerSGD_iter == NEVER  # plain all-reduce until auto decides
-
-
-@pytest.mark.parametrize("latency,bandwidth,grad_mb,expected", [
-    (50e-6, 2e9, 21.4, 5.35),     # a quarter of the gradients
-    (2e-3, 12.5e6, 21.4, 5.35),   # slow link: latency is no concern, still a quarter
-    (50e-6, 2e9, 2.0, 1.91),      # small model: 20 x latency x bandwidth = 2 MB = 1.91 MiB
-    (1e-6, 1e9, 2.0, 1.0),        # never below 1 MiB
-    (1e-3, 10e9, 346.0, 190.73),  # latency-heavy fast link: 200 MB buckets
-    (1e-2, 10e9, 4000.0, 256.0),  # never above 256 MiB
-])
-def test_bucket_choice(latency, bandwidth, grad_mb, expected):
-    probe = LinkProbe(latency, bandwidth, 1 << 14, 1 << 22, 0.0, 0.0)
-    assert choose_bucket_cap_mb(probe, int(grad_mb * MB)) == pytest.approx(expected, abs=0.01)
-
-
-def test_link_probe_measures_the_real_group(world_of_one):
-    probe = probe_link(torch.device("cpu"), iters=3)
-    assert probe.large_s >= 0 and probe.small_s >= 0
-    assert probe.bandwidth_bytes_per_s > 0 and probe.latency_s >= 0
-
-
-class Step:
-    def __init__(self, step_time_s, comm_wait_s):
-        self.step_time_s, self.comm_wait_s = step_time_s, comm_wait_s
-
-
-def test_auto_stays_without_trial_when_communication_is_small(world_of_one, ddp_tuning):
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=4, skip=1)
-    steps = [Step(1.0, 0.05)] * 5
-    decision = auto.observe(steps, torch.device("cpu"))
-    assert decision.choice == "none" and decision.powersgd_step_s is None
-    assert "nothing to gain" in decision.reason
-    assert state.start_powerSGD_iter == NEVER
-
-
-def test_auto_switches_when_the_trial_pays(world_of_one, ddp_tuning):
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=4, skip=1)
-    steps = [Step(1.0, 0.8)] * 5
-    assert auto.observe(steps, torch.device("cpu")) is None  # trial starts
-    assert state.start_powerSGD_iter == state.iter + 1
-    steps += [Step(0.5, 0.05)] + [Step(0.2, 0.02)] * 4
-    decision = auto.observe(steps, torch.device("cpu"))
-    assert decision.choice == "powersgd"
-    assert decision.comm_share == 0.8 and decision.powersgd_step_s == 0.2
-    assert state.start_powerSGD_iter != NEVER
-
-
-def test_auto_switches_back_when_the_trial_does_not_pay(world_of_one, ddp_tuning):
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=4, skip=1)
-    steps = [Step(1.0, 0.3)] * 5
-    auto.observe(steps, torch.device("cpu"))
-    steps += [Step(2.0, 0.1)] + [Step(0.95, 0.05)] * 4
-    decision = auto.observe(steps, torch.device("cpu"))
-    assert decision.choice == "none" and "only 5% faster" in decision.reason
-    assert state.start_powerSGD_iter == NEVER
-
-
-def test_auto_trial_starts_at_exactly_the_threshold(world_of_one, ddp_tuning):
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=4, skip=1, min_share=0.25)
-    assert auto.observe([Step(1.0, 0.25)] * 5, torch.device("cpu")) is None  # trial starts
-    assert auto.uses_powersgd()
-
-
-def test_auto_ended_during_the_measurement_says_so(world_of_one, ddp_tuning):
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=6, skip=2)
-    steps = [Step(1.0, 0.9)] * 5
-    assert auto.observe(steps, torch.device("cpu")) is None
-    outcome = auto.outcome(5)
-    assert outcome["choice"] == "undecided"
-    assert outcome["reason"] == ("run ended at step 5 during the measurement of plain "
-                                 "all-reduce (needs 8)")
-    assert outcome["last_steps_used"] == "all-reduce"
-
-
-def test_auto_ended_during_the_trial_says_so(world_of_one, ddp_tuning):
-    """The flaky run of issue 10: communication above the threshold, 12 steps, a trial that
-    needs 8 + 1 + 6 = 15. No decision, and summary.json used to say only null."""
-    _, _, state = build(ddp_tuning, "auto")
-    auto = AutoCompression(state, window=6, skip=2)
-    steps = [Step(1.0, 0.19)] * 8
-    assert auto.observe(steps, torch.device("cpu")) is None  # 19% >= 15%: trial from step 9
-    steps += [Step(0.9, 0.1)] * 4
-    assert auto.observe(steps, torch.device("cpu")) is None
-    outcome = auto.outcome(12)
-    assert outcome["reason"] == "run ended at step 12 during the PowerSGD trial (needs 15)"
-    assert outcome["choice"] == "undecided" and outcome["last_steps_used"] == "powersgd"
-    assert outcome["comm_share"] == 0.19
