@@ -8,7 +8,11 @@ optimizer and the data wait), and the data wait alone (time spent in the loader'
 At each log interval rank 0 gathers every rank's interval means with one small all_gather.
 A rank whose busy time is above THRESHOLD x the median rank's for INTERVALS intervals in a row
 is a straggler: rank 0 prints a line saying so (the live display shows it), and result.json
-gets the stragglers and every rank's medians. Imports nothing from launcher/.
+gets the stragglers and every rank's medians. Each interval's rows also go into rank 0's
+metrics.jsonl record (`ranks`: the report page draws every rank's split over the run), and on
+a run of several nodes rank 0 prints one `per node at step N:` line per interval: each node's
+step time, communication share, loss and straggler flag, which launch's terminal view keeps
+in place (launcher/live.py reads it). Imports nothing from launcher/.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class StragglerJudge:
         self.streak = [0] * world
         self.slow_ratios: list[list[float]] = [[] for _ in range(world)]
         self._recent: list[list[float]] = [[] for _ in range(world)]
+        self.last: tuple[int, list[tuple[float, float, float]]] | None = None
 
     def observe(self, step: int, rows: list[tuple[float, float, float]]) -> list[str]:
         """rows: per rank (compute, data wait, communication wait) means of one interval.
@@ -67,6 +72,7 @@ class StragglerJudge:
         busy = [row[0] + row[1] for row in rows]
         for rank, row in enumerate(rows):
             self.intervals[rank].append(tuple(row))
+        self.last = (step, [tuple(row) for row in rows])
         median = statistics.median(busy)
         if median <= 0:
             return []
@@ -95,6 +101,38 @@ class StragglerJudge:
                     line += f" ({_seconds(data)} of it waiting for data)"
                 lines.append(line)
         return lines
+
+    def interval_record(self, step: int) -> dict[str, Any]:
+        """For the metrics.jsonl record of `step`: every rank's (compute, data wait,
+        communication wait) means of the interval that ended there."""
+        if self.last is None or self.last[0] != step:
+            return {}
+        return {"ranks": [[round(v, 6) for v in row] for row in self.last[1]]}
+
+    def node_line(self, step: int, losses: list[float]) -> str | None:
+        """`per node at step 20: h0 21.9 ms/step, comm 29%, loss 2.0944; h1 ..., straggler`:
+        per node the mean over its ranks of the interval's step time and loss, the share of
+        it spent waiting on communication, and whether one of its ranks is a straggler now.
+        None on one node (the progress line already says it all)."""
+        if self.last is None or self.last[0] != step:
+            return None
+        nodes: dict[str, list[int]] = {}
+        for rank, (node, _) in enumerate(self.where):
+            nodes.setdefault(node, []).append(rank)
+        if len(nodes) < 2:
+            return None
+        rows = self.last[1]
+        parts = []
+        for node, ranks in nodes.items():
+            step_s = sum(sum(rows[r]) for r in ranks) / len(ranks)
+            comm = sum(rows[r][2] for r in ranks) / len(ranks)
+            loss = sum(losses[r] for r in ranks) / len(ranks)
+            part = (f"{node} {step_s * 1e3:.1f} ms/step, comm {comm / step_s if step_s else 0:.0%}"
+                    f", loss {loss:.4f}")
+            if any(self.streak[r] >= INTERVALS for r in ranks):
+                part += ", straggler"
+            parts.append(part)
+        return f"per node at step {step}: " + "; ".join(parts)
 
     def result(self) -> dict[str, Any]:
         """Stragglers and per-rank medians (of the interval means) for result.json."""
@@ -130,13 +168,16 @@ class StragglerWatch:
         self.judge = StragglerJudge([tuple(w) for w in where]) if rank == 0 else None
         self.data_s = 0.0                       # data wait since the last step_done
         self._steps: list[tuple[float, float, float]] = []   # (compute, data, comm) this interval
+        self._losses: list[float] = []          # this interval's step losses
 
     def timed(self, iterator: Iterator) -> Iterator:
         """The data loader's iterator, with the time spent waiting for batches counted."""
         return _TimedIterator(iterator, self)
 
-    def step_done(self, step: int, step_time_s: float, comm_wait_s: float) -> None:
+    def step_done(self, step: int, step_time_s: float, comm_wait_s: float,
+                  loss: float = float("nan")) -> None:
         data, self.data_s = self.data_s, 0.0
+        self._losses.append(loss)
         if step <= SKIP_STEPS:
             return
         comm = min(comm_wait_s, step_time_s)
@@ -147,8 +188,9 @@ class StragglerWatch:
         """Every rank: gather the interval's means; rank 0 judges and prints."""
         n = len(self._steps)
         means = [sum(s[i] for s in self._steps) / n if n else 0.0 for i in range(3)]
-        self._steps = []
-        mine = torch.tensor([*means, float(n)], dtype=torch.float64, device=self.device)
+        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        self._steps, self._losses = [], []
+        mine = torch.tensor([*means, float(n), loss], dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine)
         if self.judge is None:
@@ -158,6 +200,12 @@ class StragglerWatch:
             return                      # warm-up steps only: nothing to compare yet
         for line in self.judge.observe(step, [tuple(row[:3]) for row in rows]):
             print(line, flush=True)
+        line = self.judge.node_line(step, [row[4] for row in rows])
+        if line:
+            print(line, flush=True)
+
+    def interval_record(self, step: int) -> dict[str, Any]:
+        return self.judge.interval_record(step) if self.judge else {}
 
     def result(self) -> dict[str, Any]:
         return self.judge.result() if self.judge else {}
