@@ -25,6 +25,7 @@ COMMANDS = [
     "topo",
     "check",
     "report",
+    "compare",
     "catalog",
     "provision",
     "setup",
