@@ -112,6 +112,14 @@ def images_per_dollar(run: RunFacts) -> float | None:
     return None if not hourly or speed is None else speed * 3600 / hourly
 
 
+def reported(run: RunFacts, trainer_key: str, job_key: str) -> float | None:
+    """The trainer's figure, or what a user's job reported in LAUNCH_STEP lines."""
+    value = run.summary.get(trainer_key)
+    if value is None:
+        value = (run.summary.get("progress") or {}).get(job_key)
+    return value
+
+
 def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1e3
 
@@ -135,8 +143,8 @@ MEASURES = [
     Measure("sent per step per host (MB)", ".3f",
             lambda r: None if sent_per_step(r) is None else sent_per_step(r) / 1e6),
     Measure("held-out accuracy", ".4f", lambda r: r.summary.get("eval_accuracy")),
-    Measure("final loss", ".4f", lambda r: r.summary.get("final_loss")),
-    Measure("steps", "d", lambda r: r.summary.get("steps")),
+    Measure("final loss", ".4f", lambda r: reported(r, "final_loss", "loss")),
+    Measure("steps", "d", lambda r: reported(r, "steps", "step")),
     Measure("duration (s)", ".1f", lambda r: r.summary.get("duration_s")),
     Measure("peak bus bandwidth (GB/s)", ".2f",
             lambda r: r.report["bandwidth"].get("peak_busbw")),

@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher import page
 from launcher import report_plots as plots
+from launcher.progress import PROGRESS_FILE
 
 REPORT_HTML = "report.html"
 
@@ -48,14 +49,23 @@ def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _progress(report: dict) -> dict:
+    """What a user's job reported in LAUNCH_STEP lines (summary.json's `progress`)."""
+    return (report.get("job") or {}).get("progress") or {}
+
+
 def _headline(report: dict, summary: dict) -> list[tuple[str, str]]:
     """The numbers people decide from, each only when the run has it."""
     training = report.get("training") or {}
+    progress = _progress(report)
     items = []
-    if _num(summary.get("steps")):
-        items.append((f"{summary['steps']}", "steps"))
+    steps = summary.get("steps") if _num(summary.get("steps")) else progress.get("step")
+    if _num(steps):
+        items.append((f"{steps}", "steps"))
     if _num(summary.get("final_loss")):
         items.append((f"{summary['final_loss']:.4f}", "final loss"))
+    elif _num(progress.get("loss")):
+        items.append((f"{progress['loss']:.4f}", "last loss"))
     if _num(summary.get("eval_accuracy")):
         items.append((f"{summary['eval_accuracy']:.2%}", "held-out accuracy"))
     if _num(training.get("images_per_sec")):
@@ -64,9 +74,10 @@ def _headline(report: dict, summary: dict) -> list[tuple[str, str]]:
         items.append((f"{training['step_time_s'] * 1e3:.1f} ms", "per step"))
     if _num(training.get("comm_share")):
         items.append((f"{training['comm_share']:.0%}", "waiting on communication"))
-    stragglers = training.get("stragglers") or []
+    stragglers = [f"rank {s['rank']}" for s in training.get("stragglers") or []] + [
+        f"{s['node']}/{s['local_rank']}" for s in progress.get("stragglers") or []]
     if stragglers:
-        items.append((", ".join(f"rank {s['rank']}" for s in stragglers), "straggler"))
+        items.append((", ".join(stragglers), "straggler"))
     if summary.get("restarts"):
         items.append((str(len(summary["restarts"])), "restart(s)"))
     if _num(summary.get("duration_s")):
@@ -77,8 +88,9 @@ def _headline(report: dict, summary: dict) -> list[tuple[str, str]]:
 def _lead(report: dict, summary: dict) -> str:
     status = report["status"]
     parts = [f"<span class=\"status-{page.esc(status)}\">{page.esc(status)}</span>"]
-    job = summary.get("job") or {}
-    what = f"{job['kind']} job" if job.get("kind") else report["workload"]
+    job = report.get("job") or {}
+    what = (f"{job['kind']} job" + (f" {job['target']}" if job.get("target") else "")
+            if job else report["workload"])
     parts += [page.esc(what), f"backend {page.esc(report['backend'] or 'unknown')}",
               f"{report['nnodes']} node(s), world size {page.esc(report['world_size'])}"]
     if summary.get("recipe"):
@@ -111,15 +123,33 @@ def _exits(summary: dict) -> str:
     return page.table(("node", "status", "exit code", "restarts"), rows, numeric=(2, 3))
 
 
+def _curves(run_dir: Path, report: dict) -> list[plots.Attempt]:
+    """The logged steps: the trainer's metrics.jsonl, or a user's job's progress.jsonl."""
+    if report["workload"] == "job":
+        return plots.attempts(plots.job_records(read_metrics(run_dir / PROGRESS_FILE)),
+                              clock_per_attempt=False)
+    return plots.attempts(read_metrics(run_dir / "metrics.jsonl"))
+
+
 def _training_parts(report: dict, summary: dict, runs: list[plots.Attempt]) -> list[str]:
     if report["workload"] == "bench":
         return []
+    if report["workload"] == "job":
+        if not runs:
+            return [page.none("No step curve to draw: the job printed no LAUNCH_STEP line. "
+                              "What launch knows of it is below: each node's exit, restarts "
+                              "and hangs, the run's duration.")]
+        return [_plot("plot-loss", plots.loss_plot(
+                    runs, total_steps=_progress(report).get("step"), accuracy=None,
+                    time_label=plots.RUN_TIME)),
+                _plot("plot-throughput", plots.throughput_plot(
+                    runs, key="samples_per_sec", unit="samples/s", time_label=plots.RUN_TIME,
+                    missing="The job's LAUNCH_STEP lines carry no samples=: no throughput "
+                            "to draw."))]
     if not runs:
-        job = (summary.get("job") or {}).get("kind")
-        return [page.none(
-            ("This " + (f"{job} job" if job else "run") + " logged no step to metrics.jsonl: "
-             "no loss, throughput or communication curve to draw. What launch knows of it is "
-             "below: each node's exit, restarts and hangs, the run's duration."))]
+        return [page.none("This run logged no step to metrics.jsonl: no loss, throughput or "
+                          "communication curve to draw. What launch knows of it is below: "
+                          "each node's exit, restarts and hangs, the run's duration.")]
     accuracy = summary.get("eval_accuracy")
     return [_plot("plot-loss", plots.loss_plot(runs, total_steps=summary.get("steps"),
                                                accuracy=accuracy if _num(accuracy) else None)),
@@ -127,6 +157,12 @@ def _training_parts(report: dict, summary: dict, runs: list[plots.Attempt]) -> l
 
 
 def _rank_parts(report: dict, summary: dict, runs: list[plots.Attempt]) -> list[str]:
+    if report["workload"] == "job":
+        progress = _progress(report)
+        if not progress.get("ranks"):
+            return []
+        return [_plot("plot-rank-busy", plots.job_busy_plot(progress["ranks"],
+                                                            progress.get("stragglers") or []))]
     training = report.get("training") or {}
     rank_times = training.get("rank_times") or summary.get("rank_times") or []
     stragglers = training.get("stragglers") or summary.get("stragglers") or []
@@ -139,8 +175,8 @@ def _rank_parts(report: dict, summary: dict, runs: list[plots.Attempt]) -> list[
 
 
 def _comm_parts(report: dict, runs: list[plots.Attempt]) -> list[str]:
-    if report["workload"] == "bench" or not runs:
-        return []
+    if report["workload"] in ("bench", "job") or not runs:
+        return []     # a user's job reports no communication wait
     training = report.get("training") or {}
     return [_plot("plot-comm-share", plots.comm_share_plot(runs, training.get("auto"),
                                                             training.get("comm_hook")))]
@@ -178,14 +214,15 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     run_dir = Path(run_dir)
     summary = _json(run_dir / "summary.json")
     summary = summary if isinstance(summary, dict) else {}
-    runs = plots.attempts(read_metrics(run_dir / "metrics.jsonl"))
+    runs = _curves(run_dir, report)
     _, sections = page.markdown_sections(markdown)
     link = _linker(run_dir)
     body = [f"<h1>Run report: {page.esc(report['run_id'])}</h1>", _lead(report, summary),
             page.figures_strip(_headline(report, summary))]
+    steps_heading = "Job" if report["workload"] == "job" else "Training"  # as report.md's
     # (heading, report.md's section shown under it, what the page adds)
     layout = [
-        ("Training", "Training", _training_parts(report, summary, runs)),
+        (steps_heading, steps_heading, _training_parts(report, summary, runs)),
         ("Where each rank's step went", None, _rank_parts(report, summary, runs)),
         ("Communication", None, _comm_parts(report, runs)),
         ("Bus bandwidth", "Bus bandwidth", _bandwidth_parts(run_dir, report)),
@@ -207,8 +244,8 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     for section, text in sections.items():   # sections report.md gained since
         if section not in used:
             body += [f"<h2>{page.esc(section)}</h2>", page.markdown(text, link)]
-    body.append("<p class=\"none\">Written by launch from this run folder's plan.json, "
-                "summary.json and metrics.jsonl; report.md and report.json hold the same facts "
+    body.append("<p class=\"none\">Written by launch from this run folder (plan.json, "
+                "summary.json, the logged steps); report.md and report.json hold the same facts "
                 "as text.</p>")
     return page.document(f"launch run {report['run_id']}", body)
 

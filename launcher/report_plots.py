@@ -32,25 +32,50 @@ class Attempt:
     offset_s: float = 0.0          # training time of the attempts before it
 
 
-def attempts(records: list[dict[str, Any]]) -> list[Attempt]:
+def attempts(records: list[dict[str, Any]], *, clock_per_attempt: bool = True
+             ) -> list[Attempt]:
+    """The records split where the step goes back (a resume from a checkpoint) or, with
+    `clock_per_attempt` (the trainer's time_s starts at 0 in every process), where the time
+    does; such attempts are then laid end to end in time."""
     out: list[Attempt] = []
     last_step = last_time = None
     for r in records:
         if not isinstance(r.get("step"), (int, float)):
             continue
         back = last_step is not None and r["step"] <= last_step
-        back = back or (last_time is not None and r.get("time_s") is not None
-                        and r["time_s"] < last_time)
+        back = back or (clock_per_attempt and last_time is not None
+                        and r.get("time_s") is not None and r["time_s"] < last_time)
         if not out or back:
             out.append(Attempt(len(out) + 1, []))
         out[-1].records.append(r)
         last_step, last_time = r["step"], r.get("time_s")
     offset = 0.0
-    for a in out:
+    for a in out if clock_per_attempt else []:
         a.offset_s = offset
         times = [r["time_s"] for r in a.records if r.get("time_s") is not None]
         offset += max(times) if times else 0.0
     return out
+
+
+def job_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """progress.jsonl (rank 0's LAUNCH_STEP lines, `t` on launch's clock since the run began)
+    as metrics.jsonl's terms: time_s, and samples/s between two reported steps when the job
+    said how many samples a step takes."""
+    out, prev = [], None
+    for r in records:
+        record = {"step": r.get("step"), "loss": r.get("loss"), "time_s": r.get("t")}
+        if (prev is not None and r.get("samples") and _ordered(prev, r, "t")
+                and _ordered(prev, r, "step")):
+            record["samples_per_sec"] = (r["samples"] * (r["step"] - prev["step"])
+                                         / (r["t"] - prev["t"]))
+        out.append(record)
+        prev = r
+    return out
+
+
+def _ordered(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    return isinstance(a.get(key), (int, float)) and isinstance(b.get(key), (int, float)) \
+        and b[key] > a[key]
 
 
 def _figure(size=WIDE, cols: int = 1):
@@ -86,9 +111,19 @@ def _restart_lines(ax, runs: list[Attempt]) -> None:
         ax.axvline(a.offset_s, color="grey", linestyle="--", linewidth=1)
 
 
-def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float | None):
-    """Loss against step and against training time; the held-out accuracy where it was
-    measured (once, after the last step)."""
+TRAINING_TIME = "training time (s)"
+RUN_TIME = "seconds since the run started"
+
+
+def _time_label(runs: list[Attempt], label: str) -> str:
+    return label + (", attempts end to end" if len(runs) > 1 and label == TRAINING_TIME
+                    else "")
+
+
+def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float | None,
+              time_label: str = TRAINING_TIME):
+    """Loss against step and against time; the held-out accuracy where it was measured
+    (once, after the last step)."""
     if not any(r.get("loss") is not None for a in runs for r in a.records):
         return None, "No loss was logged: the run printed no step lines with a loss."
     fig, (by_step, by_time) = _figure(cols=2)
@@ -110,8 +145,9 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
         acc.legend(loc="center right", fontsize=8)
         title += f"; held-out accuracy {accuracy:.4f} after the last"
     by_step.set_title(title, fontsize=10)
-    _restart_lines(by_time, runs)
-    by_time.set_xlabel("training time (s)" + (", attempts end to end" if len(runs) > 1 else ""))
+    if time_label == TRAINING_TIME:
+        _restart_lines(by_time, runs)
+    by_time.set_xlabel(_time_label(runs, time_label))
     by_time.set_ylabel("training loss")
     by_time.set_xlim(left=0)
     if len(runs) > 1:
@@ -119,21 +155,24 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
     return fig, None
 
 
-def throughput_plot(runs: list[Attempt]):
-    if not any(r.get("images_per_sec") is not None and r.get("time_s") is not None
+def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
+                    unit: str = "images/s", time_label: str = TRAINING_TIME,
+                    missing: str = "No throughput was logged (images/s per logged step)."):
+    if not any(r.get(key) is not None and r.get("time_s") is not None
                for a in runs for r in a.records):
-        return None, "No throughput was logged (images/s per logged step)."
+        return None, missing
     fig, (ax,) = _figure(size=(10, TALL))
     values = []
     for a in runs:
-        xs, ys = _series(a, "images_per_sec", "time")
+        xs, ys = _series(a, key, "time")
         values += ys
         ax.plot(xs, ys, "-", marker=".", color="tab:purple", label=_label(runs, a))
-    _restart_lines(ax, runs)
+    if time_label == TRAINING_TIME:
+        _restart_lines(ax, runs)
     median = statistics.median(values)
-    ax.axhline(median, color="grey", linestyle=":", label=f"median {median:.1f} images/s")
-    ax.set_xlabel("training time (s)" + (", attempts end to end" if len(runs) > 1 else ""))
-    ax.set_ylabel("images/s")
+    ax.axhline(median, color="grey", linestyle=":", label=f"median {median:.1f} {unit}")
+    ax.set_xlabel(_time_label(runs, time_label))
+    ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
     ax.legend(fontsize=8, loc="lower right")
@@ -183,6 +222,33 @@ def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str,
     if left_out:
         title += f" ({len(ranks)} slowest of {len(ranks) + left_out} ranks drawn)"
     ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig, None
+
+
+def job_busy_plot(ranks: dict[str, dict[str, Any]], stragglers: list[dict[str, Any]]):
+    """A user's job's ranks (node/local rank) by the median busy time their LAUNCH_STEP
+    lines reported, the straggler launch named outlined."""
+    busy = {name: r["busy_s_median"] for name, r in ranks.items()
+            if r.get("busy_s_median") is not None}
+    if not busy:
+        return None, ("The job's LAUNCH_STEP lines carry no busy_s: no per-rank picture (the "
+                      "line's busy_s= opts in, docs/jobs.md).")
+    slow = {f"{s['node']}/{s['local_rank']}": s for s in stragglers}
+    names = list(busy)
+    fig, (ax,) = _figure(size=(10, 1.2 + 0.32 * len(names)))
+    ys = list(range(len(names)))[::-1]
+    ax.barh(ys, [busy[n] * 1e3 for n in names], color=COMPUTE, height=0.7,
+            label="busy (the job's busy_s)")
+    for y, name in zip(ys, names):
+        if name in slow:
+            s = slow[name]
+            ax.barh([y], [busy[name] * 1e3], fill=False, edgecolor=SLOW, linewidth=2.5,
+                    height=0.8, label=f"straggler: {s['node']} local rank {s['local_rank']} "
+                                      f"({s['ratio']:g}x)")
+    ax.set_yticks(ys, names, fontsize=8)
+    ax.set_xlabel("median busy time per step (ms)")
+    ax.set_title("each rank's own work per step, as the job reported it", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, None
 

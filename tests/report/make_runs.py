@@ -18,6 +18,11 @@ not. The runs:
   hang-restart  FAST, 200 steps, checkpoints every 40; node1's rank is stopped for good after
                 the first checkpoint: the hang watch (10 s) dumps every stack, restarts it
                 (--max-restarts 1) and the run resumes from the checkpoint and succeeds
+  job-steps     a user's own script (tests/job/project.py's main.py: DDP on a tiny model,
+                one LAUNCH_STEP line per step with loss and busy_s), 300 steps; rank 1
+                crashes once at step 3 and the run restarts (--max-restarts 1) and resumes
+  job-silent    the same script in its mode that prints one line and no LAUNCH_STEP: all
+                launch knows is the exits and the duration
 
 `--screenshots` instead writes the README's pictures from the kept runs: docs/report-demo.png
 (the demo run's report.html) and docs/compare-demo.png (`launch compare --html demo
@@ -45,7 +50,7 @@ sys.path.insert(0, str(REPO))
 from tests.run.conftest import FAST, wait_for, worker_pid  # noqa: E402
 
 DATA = REPO / "tests/report/data/runs"
-KEEP = ("plan.json", "summary.json", "metrics.jsonl", "recipe.yml")
+KEEP = ("plan.json", "summary.json", "metrics.jsonl", "progress.jsonl", "recipe.yml")
 KEEP_IN_NODES = ("result.json",)
 
 
@@ -138,6 +143,18 @@ def make_straggler(cwd: Path) -> None:
     keep(run_dir, name, node_logs=True)
 
 
+def make_job(cwd: Path, name: str, *args: str) -> None:
+    from tests.job.project import write_project
+
+    project = write_project(cwd / "project")
+    proc = subprocess.Popen([str(REPO / ".venv/bin/launch"), "run", "--local", "--nodes", "2",
+                             "main.py", "--run-id", name, "--runs-dir", str(cwd / "runs"),
+                             *args], cwd=project, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finish(proc, name)
+    keep(cwd / "runs" / name, name)
+
+
 def make_hang_restart(cwd: Path) -> None:
     name = "hang-restart"
     data = fast(steps=200, log_every=20)
@@ -160,6 +177,9 @@ MAKERS = {
                                        powersgd={"rank": 4}),
     "straggler": make_straggler,
     "hang-restart": make_hang_restart,
+    "job-steps": lambda cwd: make_job(cwd, "job-steps", "--max-restarts", "1", "--",
+                                      "--mode", "crash-once", "--steps", "300"),
+    "job-silent": lambda cwd: make_job(cwd, "job-silent", "--", "--mode", "binary"),
 }
 
 

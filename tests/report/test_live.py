@@ -81,6 +81,25 @@ def test_one_node_runs_show_the_progress_lines_figures():
     assert board.rows() == ["box  step 20  8.3 steps/s  loss 1.2345  comm 35%"]
 
 
+def test_a_jobs_step_lines_give_each_node_its_step_rate_and_loss():
+    """A user's job's LAUNCH_STEP lines (docs/jobs.md's format): the step each node reached,
+    steps per second over at least a second, the last loss; after a resume from a checkpoint
+    the step goes back and the rate starts again."""
+    clock = Clock()
+    board = NodeBoard(clock)
+    board.line("gpu-a", "LAUNCH_STEP step=1 loss=2.5000 busy_s=0.0100")
+    assert board.rows() == ["gpu-a  step 1  loss 2.5000"]      # no rate from one line
+    clock.now += 0.5
+    board.line("gpu-a", "LAUNCH_STEP step=6 loss=2.0000")
+    clock.now += 1.5
+    board.line("gpu-a", "LAUNCH_STEP step=21 loss=1.2500 busy_s=0.0100 samples=64")
+    assert board.rows() == ["gpu-a  step 21  10.0 steps/s  loss 1.2500"]   # 20 steps in 2 s
+    board.line("gpu-a", "LAUNCH_STEP step=3 loss=2.2000")          # resumed at step 3
+    assert board.rows() == ["gpu-a  step 3  10.0 steps/s  loss 2.2000"]
+    board.line("gpu-a", "LAUNCH_STEP step=oops")                    # not a step line
+    assert board.rows()[0].startswith("gpu-a  step 3 ")
+
+
 def test_nodes_that_print_no_figures_show_what_launch_sees():
     clock = Clock()
     board = NodeBoard(clock)

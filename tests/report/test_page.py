@@ -125,11 +125,10 @@ TRAINER_FIELDS = ("steps", "images_per_sec", "step_time_s", "final_loss", "eval_
 
 
 @pytest.mark.parametrize("gone", ["absent", "null"])
-def test_a_job_without_trainer_lines_shows_what_launch_knows(runs, browser, gone):
-    """A user's own job: no metrics.jsonl, no result.json, a summary.json without a single
-    trainer field, left out or null (made here from the hang-restart run by taking them away,
-    and a job block added). The page keeps the exits, the restart and the hang; no empty
-    plot."""
+def test_a_run_without_any_trainer_figure_shows_what_launch_knows(runs, browser, gone):
+    """A run whose trainer left nothing (no metrics.jsonl, no result.json, every trainer
+    field of summary.json left out or null: made here from the hang-restart run). The page
+    keeps the exits, the restart and the hang; no empty plot."""
     run_dir = runs / "hang-restart"
     (run_dir / "metrics.jsonl").unlink()
     (run_dir / "node0" / "result.json").unlink()
@@ -139,18 +138,50 @@ def test_a_job_without_trainer_lines_shows_what_launch_knows(runs, browser, gone
             summary.pop(key, None)
         else:
             summary[key] = None
-    summary["job"] = {"kind": "script"}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     page = page_of(run_dir)
     assert list(page.figures) == ["plot-timeline"]
     assert "hang: restart 1, resumed from step 40" in page.figures["plot-timeline"]
-    assert ("This script job logged no step to metrics.jsonl: no loss, throughput or "
-            "communication curve to draw.") in page.dom
+    assert "This run logged no step to metrics.jsonl" in page.dom
     assert "<b>1</b><span>restart(s)</span>" in page.dom
     assert "<b>28.3 s</b><span>duration</span>" in page.dom
     assert "<td>node1</td><td>succeeded</td><td class=\"num\">0</td>" in page.dom
     for absent in ("held-out accuracy", "images/s</span>", "<span>steps</span>"):
         assert absent not in page.dom
+
+
+def test_a_users_job_without_step_lines_shows_its_exits_and_duration(runs, browser):
+    """A user's own script that printed no LAUNCH_STEP line (tests/report/data/job-silent,
+    a real run: its summary.json has no trainer field and no progress; both nodes exited 0
+    after 4.491 s)."""
+    page = page_of(runs / "job-silent")
+    assert page.figures == {}                      # nothing drawn empty
+    assert "script job main.py" in page.dom
+    assert "No step curve to draw: the job printed no LAUNCH_STEP line." in page.dom
+    assert "It printed no LAUNCH_STEP line" in page.dom              # report.md's sentence
+    assert "<b>4.5 s</b><span>duration</span>" in page.dom
+    assert page.dom.count("<td>succeeded</td><td class=\"num\">0</td>") == 2
+    for absent in ("<span>steps</span>", "images/s", "waiting on communication"):
+        assert absent not in page.dom
+
+
+def test_a_users_job_with_step_lines_gets_their_curves(runs, browser):
+    """tests/report/data/job-steps: the user's script printed LAUNCH_STEP lines with loss and
+    busy_s for 300 steps (progress.jsonl); rank 1 crashed once and the run restarted at
+    5.321 s; summary.json: step 300, busy medians 1.08 ms (node0/0) and 1.076 ms (node1/0),
+    no straggler, 10.308 s."""
+    page = page_of(runs / "job-steps")
+    assert list(page.figures) == ["plot-loss", "plot-rank-busy", "plot-timeline"]
+    loss = page.figures["plot-loss"]
+    assert "300" in loss and "training loss over 300 steps" in loss
+    assert "seconds since the run started" in loss
+    assert "The job's LAUNCH_STEP lines carry no samples=" in page.dom   # no throughput
+    busy = page.figures["plot-rank-busy"]
+    assert "node0/0" in busy and "node1/0" in busy and "straggler" not in page.text(
+        "plot-rank-busy")
+    assert "worker: restart 1" in page.text("plot-timeline")
+    assert "<b>300</b><span>steps</span>" in page.dom
+    assert "<b>1</b><span>restart(s)</span>" in page.dom
 
 
 def test_of_many_ranks_the_stragglers_and_the_slowest_are_drawn():
