@@ -310,11 +310,13 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
     title = f"comm hook {hook or 'unknown'}; median {statistics.median(shares):.0%} of step time"
     if auto and auto.get("decided_at_step") is not None:
         step = auto["decided_at_step"]
-        trial = ("" if auto.get("powersgd_step_s") is None
-                 else f", PowerSGD {auto['powersgd_step_s'] * 1e3:.1f} ms")
+        timed = [f"{name} {auto[key] * 1e3:.1f} ms per step"
+                 for name, key in (("all-reduce", "allreduce_step_s"),
+                                   ("PowerSGD", "powersgd_step_s"))
+                 if auto.get(key) is not None]
         ax.axvline(step, color="black", linestyle="--",
-                   label=f"auto chose {auto['choice']} at step {step} (all-reduce "
-                         f"{auto['allreduce_step_s'] * 1e3:.1f} ms per step{trial})")
+                   label=f"auto chose {auto['choice']} at step {step}"
+                         + (f" ({', '.join(timed)})" if timed else ""))
         ax.legend(fontsize=8, loc="upper right")
     elif auto:
         title += f"; auto undecided: {auto.get('reason')}"
