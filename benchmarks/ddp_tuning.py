@@ -11,7 +11,8 @@ capped with tc so that plain DDP spends most of its time communicating.
 Every variant sees the same seed and the same samples. Reported per variant: images/s
 (median over steps after warm-up), step time, bytes sent per step per host (from the host's
 interface counters, read by the trainer), held-out accuracy, and the compute /
-communication split measured in the trainer (train/commtime.py).
+communication split measured in the trainer (train/commtime.py). The table is `launch
+compare`'s (launcher/compare.py) of each regime's run folders, ratios against `default`.
 
 Needs root. Prints a table, writes benchmarks/results/ddp_tuning.json and ddp_tuning.png.
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.backends import LaunchOptions  # noqa: E402
 from launcher.backends.ssh import SshBackend  # noqa: E402
+from launcher.compare import load_comparison, render_text  # noqa: E402
 from launcher.display import PlainDisplay  # noqa: E402
 from launcher.errors import RunFailed  # noqa: E402
 from launcher.inventory import load_inventory  # noqa: E402
@@ -60,7 +62,8 @@ def variant_recipe(name: str, epochs: float) -> dict:
     return base
 
 
-def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, port: int) -> dict:
+def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path,
+                port: int) -> tuple[dict, Path]:
     recipe = recipe_from_mapping(variant_recipe(name, epochs), f"benchmarks/ddp_tuning.py:{name}")
     run_id = f"{regime}-{recipe.name}"
     quiet = PlainDisplay(open(runs.parent / f"{run_id}.log", "w"))  # noqa: SIM115
@@ -72,7 +75,7 @@ def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, por
         raise SystemExit(f"{regime}/{name} failed:\n{err}") from None
     result = json.loads((runs / run_id / summary["rank0_node"] / "result.json").read_text())
     per_host = result.get("tx_bytes_per_step") or {}
-    return {
+    return runs / run_id, {
         "images_per_sec": result["images_per_sec"],
         "step_time_s": result["step_time_s"],
         "bytes_per_step": max(per_host.values()) if per_host else None,
@@ -87,16 +90,16 @@ def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path, por
     }
 
 
-def print_table(results: dict, cap: str) -> None:
-    print(f"{'regime':<7} {'variant':<15} {'img/s':>8} {'x default':>9} {'step s':>7} "
-          f"{'MB/step/host':>12} {'accuracy':>8} {'compute s':>9} {'comm s':>7}")
-    for regime, rows in results.items():
-        base = rows["default"]["images_per_sec"]
-        for name, r in rows.items():
-            mb = "-" if r["bytes_per_step"] is None else f"{r['bytes_per_step'] / 1e6:.3f}"
-            print(f"{regime:<7} {name:<15} {r['images_per_sec']:>8.1f} "
-                  f"{r['images_per_sec'] / base:>9.2f} {r['step_time_s']:>7.3f} {mb:>12} "
-                  f"{r['accuracy']:>8.4f} {r['compute_s'] or 0:>9.3f} {r['comm_s'] or 0:>7.3f}")
+def variant_table(folders: dict[str, Path]) -> str:
+    """The variants' run folders side by side, as `launch compare` prints them: ratios
+    against the first variant."""
+    return render_text(load_comparison(list(folders.values()), labels=list(folders)))
+
+
+def print_table(results: dict, folders: dict[str, dict[str, Path]], cap: str) -> None:
+    for regime, by_variant in folders.items():
+        print(f"{regime} link:")
+        print(variant_table(by_variant))
     for regime, rows in results.items():
         d = rows["default"]
         if d["compute_s"]:
@@ -139,6 +142,7 @@ def main() -> int:
     args = p.parse_args()
 
     results: dict = {}
+    folders: dict[str, dict[str, Path]] = {}
     with tempfile.TemporaryDirectory(prefix="ddp-tuning-") as tmp:
         lab = Lab.create(Path(tmp) / "lab", 2)
         try:
@@ -149,16 +153,17 @@ def main() -> int:
                         lab.cap(host.name, args.cap)
                     else:
                         lab.uncap(host.name)
-                results[regime] = {}
+                results[regime], folders[regime] = {}, {}
                 for name in args.variants:
                     port += 1
-                    row = run_variant(lab, name, regime, args.epochs, Path(tmp) / "runs", port)
-                    results[regime][name] = row
+                    folder, row = run_variant(lab, name, regime, args.epochs,
+                                              Path(tmp) / "runs", port)
+                    results[regime][name], folders[regime][name] = row, folder
                     print(f"  {regime:<7} {name:<15} {row['images_per_sec']:8.1f} img/s, "
                           f"accuracy {row['accuracy']:.4f}", file=sys.stderr, flush=True)
         finally:
             lab.destroy()
-    print_table(results, args.cap)
+        print_table(results, folders, args.cap)   # from the run folders, before they go
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"regimes": results, "link_cap": args.cap,

@@ -26,6 +26,7 @@ COMMANDS = [
     "topo",
     "check",
     "report",
+    "compare",
     "catalog",
     "provision",
     "setup",

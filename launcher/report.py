@@ -28,6 +28,7 @@ from launcher.nccl.compare import compare, points_of_json
 from launcher.nccl.links import LinkPeak, efa_interfaces, interconnect_class
 from launcher.nccl.summary import human_bytes
 from launcher.nccl.topology import Topology, parse_topology
+from launcher.report_html import REPORT_HTML, write_report_html
 from launcher.yamlfile import shorten
 from train.stepsplit import split_of_totals
 
@@ -629,15 +630,18 @@ def checked_report(run_dir: str | Path, *, bench: str | Path | None = None) -> d
 
 
 def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
-    """Writes report.json and report.md into the run folder; returns the report."""
+    """Writes report.json, report.md and report.html into the run folder; returns the
+    report."""
     run_dir = Path(run_dir)
     report = checked_report(run_dir, bench=bench)
     try:
+        markdown = render_markdown(report)
         for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
-                           (REPORT_MD, render_markdown(report))):
+                           (REPORT_MD, markdown)):
             tmp = run_dir / f"{name}.tmp"
             tmp.write_text(text)
             tmp.replace(run_dir / name)
+        write_report_html(run_dir, report, markdown)
     except OSError as err:
         raise ReportError(f"{run_dir}: cannot write the report there: "
                           f"{err.strerror or err}") from None
@@ -649,7 +653,8 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     report = write_run_report(run_dir)
     color = stream.isatty()
-    stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}\n")
+    stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}; with plots: "
+                 f"{Path(run_dir) / REPORT_HTML}\n")
     for warning in report["warnings"]:
         text = f"launch: warning: {warning}"
         stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")

@@ -16,6 +16,7 @@
       attempts/<n>/       an earlier attempt's plan, summary and report (`--resume`)
       code.json           (-i runs) the hash of the code every node ran
       report.md/.json     interconnect, transports, bus bandwidth, communication share, advice
+      report.html         the same report as a page with plots (launcher/report_html.py)
       bandwidth.*         (launch bench) the sweep as a table, JSON and a plot
 """
 

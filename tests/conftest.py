@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -24,6 +25,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def ddp_tuning():
+    """benchmarks/ddp_tuning.py as a module: its variants and its table are what tests check."""
+    spec = importlib.util.spec_from_file_location("ddp_tuning", REPO / "benchmarks/ddp_tuning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def launch_cmd(*args: str) -> list[str]:

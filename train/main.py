@@ -300,7 +300,7 @@ def after_step(run: Training, dt: float) -> None:
     run.step_times.append(dt)
     run.comm.step_done(dt)
     run.heartbeat.step_done(run.step, dt)
-    run.watch.step_done(run.step, run.comm.steps[-1])
+    run.watch.step_done(run.step, run.comm.steps[-1], run.last_loss)
     if run.step % run.args.log_every == 0 or run.step == run.total:
         run.watch.end_interval(run.step)   # every rank: one small all_gather; rank 0 judges
     if run.step == max(WARMUP_STEPS_EXCLUDED + (run.resumed_from or 0), run.total // 2):
@@ -337,8 +337,8 @@ def one_step(run: Training, batches) -> float:
     t0 = time.perf_counter()
     loss = train_step(run, batches)
     dt = time.perf_counter() - t0
-    after_step(run, dt)
     run.last_loss = loss
+    after_step(run, dt)
     run.window.add(loss, dt)
     if run.rank == 0 and (run.step % run.args.log_every == 0 or run.step == run.total):
         log_progress(run, run.window)
@@ -355,6 +355,7 @@ def log_progress(run: Training, window: Window) -> None:
         "images_per_sec": round(run.images_per_step * window.n / window.time, 3),
         "time_s": round(time.perf_counter() - run.started, 3),
         "split": split(run.comm.steps[-window.n:]),
+        **run.watch.interval_record(run.step),
     }
     run.metrics_file.write(json.dumps(record) + "\n")
     run.metrics_file.flush()

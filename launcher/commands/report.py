@@ -9,13 +9,17 @@ from pathlib import Path
 
 from launcher.report import (REPORT_JSON, REPORT_MD, ReportError, checked_report,
                              render_markdown, write_run_report)
+from launcher.report_html import REPORT_HTML
 
 HELP = f"""\
-Regenerates RUN_DIR/{REPORT_MD} and {REPORT_JSON} (launch writes them after every run, failed
-ones too) from the files in the run folder: per node the interconnect, NCCL version, network
-and transports NCCL used, EFA expected against used; the measured bus bandwidth against the
-link's peak; images/s and the share of step time spent waiting on communication; warnings and
-what to change. Prints the report (warnings in red on a terminal), or with --json report.json.
+Regenerates RUN_DIR/{REPORT_MD}, {REPORT_JSON} and {REPORT_HTML} (launch writes them after
+every run, failed ones too) from the files in the run folder: per node the interconnect, NCCL
+version, network and transports NCCL used, EFA expected against used; the measured bus
+bandwidth against the link's peak; images/s and the share of step time spent waiting on
+communication; warnings and what to change. Prints the report (warnings in red on a
+terminal), or with --json report.json. {REPORT_HTML} is the same report as a page with plots
+(loss, throughput, each rank's step split, communication share, bus bandwidth, restarts and
+exits); it needs no network to open.
 
 The bus bandwidth comes from RUN_DIR/bandwidth.json (a `launch bench` folder), from --bench, or
 else from the newest bench among RUN_DIR's sibling run folders that ran on the same nodes.

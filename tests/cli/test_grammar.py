@@ -28,6 +28,7 @@ READ_ONLY = {
     ("inspect",): "parses the files it is given",
     ("catalog",): "reads the catalog (and EC2's describe calls with --region)",
     ("status",): "reads the ledgers (and EC2's describe calls)",
+    ("compare",): "reads run folders; --html writes only the page it is told to write",
 }
 
 RECIPE = "vit-tiny-local"

@@ -163,7 +163,8 @@ def test_after_a_run_the_warnings_and_advice_are_printed(runs, tmp_path, monkeyp
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "empty-home"))
     print_run_report(folder / "p4d-socket")
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"launch: report in {folder / 'p4d-socket' / 'report.md'}"
+    assert out[0] == (f"launch: report in {folder / 'p4d-socket' / 'report.md'}; with plots: "
+                      f"{folder / 'p4d-socket' / 'report.html'}")
     assert "launch: warning: p4d-b: p4d.24xlarge has 4 EFA interfaces but NCCL used " \
            "NET/Socket" in out
     assert out[-1].startswith("launch: advice: 41% of each step (0.1709 s of 0.4167 s, mean of "

@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import importlib.util
 import socket
 
 import pytest
 import torch.distributed as dist
-
-from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +16,6 @@ def world_of_one():
                             world_size=1)
     yield
     dist.destroy_process_group()
-
-
-@pytest.fixture(scope="session")
-def ddp_tuning():
-    """benchmarks/ddp_tuning.py as a module: its variants are what the tests check."""
-    spec = importlib.util.spec_from_file_location("ddp_tuning", REPO / "benchmarks/ddp_tuning.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
