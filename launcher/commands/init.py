@@ -1,5 +1,6 @@
-"""`launch init [DIR] [--recipe NAME]`: a recipe and an inventory to start from, copied from the
-ones that ship with launch, and the commands to type next. Never overwrites a file."""
+"""`launch init [DIR] [--recipe NAME | --script PATH | -m MODULE]`: a recipe and an inventory to
+start from (a copy of a bundled recipe, or one running your own script or module, as `launch
+run SCRIPT.py` would), and the commands to type next. Never overwrites a file."""
 
 from __future__ import annotations
 
@@ -41,9 +42,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="NAME",
                         help=f"bundled recipe to copy (default {DEFAULT_RECIPE}, the CPU demo "
                              "that runs on this machine; `launch recipes` lists them all)")
+    own = parser.add_mutually_exclusive_group()
+    own.add_argument("--script", metavar="PATH",
+                     help="a recipe that runs your own script (relative to the current "
+                          "folder, which it ships as the workdir): what `launch run PATH` "
+                          "runs, to edit (docs/jobs.md)")
+    own.add_argument("-m", "--module", metavar="MODULE",
+                     help="the same for `python -m MODULE`")
     parser.add_argument("--dry-run", action="store_true",
                         help="say what would be written, write nothing")
     parser.set_defaults(func=run)
+
+
+# The recipe `launch init --script` writes: launch run SCRIPT.py's, every key explained.
+JOB_RECIPE = """\
+# Your own {what}, started by launch on every node (docs/jobs.md says what each node gets).
+#   launch run {recipe} --local
+name: {name}
+nodes: 2
+nproc_per_node: auto          # the node's GPUs; 1 process on a CPU node
+# Shipped to every node (relative to this file); .gitignore and .launchignore are honoured.
+workdir: {workdir}
+job:
+  {key}: {target}
+  args: []                    # e.g. [--epochs, "3", --name, "two words"]: passed verbatim
+# Shell lines run on every node in the workdir before the job, again only when the workdir or
+# these lines change, e.g. - python -m pip install -r requirements.txt
+setup: []
+env: {{}}                       # e.g. {{NCCL_DEBUG_SUBSYS: INIT}}; PYTHONPATH after the workdir
+restarts: 0                   # restarts after a failure; load from $LAUNCH_CHECKPOINT_DIR
+"""
+
+
+def job_recipe_text(args: argparse.Namespace, folder: Path, name: str) -> str:
+    """JOB_RECIPE for --script/-m: the workdir is the current folder, as seen from DIR."""
+    key, target = ("script", args.script) if args.script else ("module", args.module)
+    workdir = os.path.relpath(Path.cwd(), os.path.abspath(folder))
+    from launcher.recipe import recipe_from_mapping
+
+    text = JOB_RECIPE.format(what=f"{key} {target}", recipe=RECIPE_FILE, name=name,
+                             workdir=json.dumps(workdir), key=key, target=json.dumps(target))
+    recipe_from_mapping(yaml.safe_load(text), f"{folder / RECIPE_FILE}", folder)  # it loads
+    return text
 
 
 def _shown(path: Path) -> str:
@@ -168,6 +208,8 @@ def _write_all(folder: Path, writes: list[tuple[Path, str]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.script or args.module:
+        return run_job_recipe(args)
     source = bundled.bundled_recipe(args.recipe)
     if source is None:
         raise InitError(f"--recipe {args.recipe}: no bundled recipe of that name (there are "
@@ -198,4 +240,37 @@ def run(args: argparse.Namespace) -> int:
     print("\nnext:")
     for cmd, why in lines:
         print(f"  {cmd:<{pad}}   # {why}" if why else f"  {cmd}")
+    return 0
+
+
+def run_job_recipe(args: argparse.Namespace) -> int:
+    """`launch init --script PATH` / `-m MODULE`: a recipe running your own code."""
+    from launcher.job import script_recipe
+
+    if args.script and not (Path.cwd() / args.script).is_file():
+        raise InitError(f"--script {args.script}: no such file here ({Path.cwd()}); give the "
+                        "script's path from the project's folder, where you run launch init")
+    folder: Path = args.dir
+    fallback = script_recipe(script=args.script, module=args.module)["name"]
+    name = recipe_name_for(folder, fallback) if str(folder) != "." else fallback
+    writes = [(folder / RECIPE_FILE, job_recipe_text(args, folder, name)),
+              (folder / INVENTORY_FILE, bundled.example_inventory().read_text())]
+    _check_folder(folder, [target for target, _ in writes])
+    recipe, inventory = _shown(writes[0][0]), _shown(writes[1][0])
+    what = f"script {args.script}" if args.script else f"module {args.module}"
+    if args.dry_run:
+        print(f"would write {recipe}: recipe {name}, your {what}")
+        print(f"would write {inventory}: an inventory template")
+        print("nothing written (--dry-run)")
+        return 0
+    _write_all(folder, writes)
+    print(f"wrote {recipe}  recipe {name}: your {what}, the current folder shipped")
+    print(f"wrote {inventory}  an inventory template: hosts, SSH user and key, GPUs")
+    lines = [(f"launch run {recipe} --local --dry-run", "what every node would run"),
+             (f"launch run {recipe} --local", "on this machine"),
+             (f"launch run {recipe} -i {inventory}", "on the inventory's hosts")]
+    pad = max(len(cmd) for cmd, _ in lines)
+    print("\nnext:")
+    for cmd, why in lines:
+        print(f"  {cmd:<{pad}}   # {why}")
     return 0

@@ -145,6 +145,7 @@ MISTAKES = {
     ("topo",): ["topo", "--cluster", "no-such-cluster", "--dry-run"],
     ("check",): ["check", "--cluster", "no-such-cluster", "--dry-run"],
     ("report",): ["report", "no-such-run"],
+    ("compare",): ["compare", "no-such-run"],
     ("catalog",): ["catalog", "--offline", "no.such-type"],
     ("provision",): ["provision", "--instance", "g6e.xlarge", "--cluster", "bad/name",
                      "--dry-run"],

@@ -200,3 +200,24 @@ def test_a_restart_incident_moves_to_the_node_that_did_not_lose_a_peer():
     book.line("n0", "0", GLOO_PEER_GONE, 1.2)
     assert len(book.incidents) == 1 and book.incidents[0].node == "n1"
     assert "pid 12" in book.incidents[0].reason
+
+
+# ---- launch init --script -----------------------------------------------------------------
+
+def test_init_script_writes_the_recipe_launch_run_script_stands_for(tmp_path, monkeypatch,
+                                                                       capsys):
+    from launcher.cli import main
+    from launcher.recipe import load_recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert main(["init", "myjob", "--script", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert "launch run myjob/recipe.yml --local" in out
+    recipe = load_recipe(tmp_path / "myjob" / "recipe.yml")
+    # The same job `launch run train.py` runs: the current folder shipped, the script in it.
+    assert job_of(recipe) == Job("script", "train.py", (), str(tmp_path))
+    assert recipe.name == "myjob" and recipe.nodes == 2
+    assert main(["init", "other", "--script", "missing.py"]) == 2
+    assert "--script missing.py: no such file here" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
