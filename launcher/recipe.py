@@ -558,7 +558,7 @@ def _explain(err: dict) -> str:
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(str(err["loc"][-1]), _keys_beside(err["loc"]), n=1)
         hint = f"did you mean `{close[0]}`?" if close else "check the spelling."
-        return f"unknown key ({hint} The recipe reference is in README.md.)"
+        return f"unknown key ({hint} Every key is in docs/recipes.md.)"
     if kind == "missing":
         return "required key is missing"
     msg = msg.removeprefix("Value error, ")

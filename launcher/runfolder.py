@@ -43,8 +43,8 @@ STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
 # What an attempt leaves at the top of the run folder; a resumed run moves them to
 # attempts/<n>/ first. Node folders stay: their logs are appended to, their checkpoints and
 # heartbeats are what the next attempt continues from.
-ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "metrics.jsonl",
-                 "code.json")
+ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "report.html",
+                 "metrics.jsonl", "progress.jsonl", "code.json")
 
 
 def _now() -> str:

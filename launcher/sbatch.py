@@ -162,6 +162,8 @@ class SlurmJob:
     # ---- the script --------------------------------------------------------------------
     def script(self) -> str:
         run_dir = shell_word(self.run_dir)
+        # LAUNCH_CHECKPOINT_DIR: made for the job, which may expect it there.
+        checkpoints = shell_word(self.node.env.get("LAUNCH_CHECKPOINT_DIR") or self.run_dir)
         node_cmd = command_lines(self.node.env, self.node.argv, "  ")
         header = comment(f"launch run {self.run_id}: recipe {self.recipe_name} "
                          f"({self.recipe_source}), {self.nnodes} node(s) x "
@@ -244,7 +246,7 @@ run_node() {{
   local node=$SLURMD_NODENAME head_addr=$1 attempt=$2 final=$3 addr iface omp_threads agent
   local code stopped= dir node_rank=$SLURM_NODEID launch_attempt=$(( {self.attempt_base} + $2 ))
   dir={run_dir}/"$node"
-  mkdir -p "$dir" && cd "$dir" || exit 1
+  mkdir -p "$dir" {checkpoints} && cd "$dir" || exit 1
   exec >>"$dir"/{AGENT_OUT} 2>&1
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \\([^ ]*\\).*/\\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{{sub(/@.*/, "", $2); print $2; exit}}')

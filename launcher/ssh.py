@@ -282,15 +282,8 @@ def _open(conn: Connection) -> None:
 
 def connect(node: Node, options: SshOptions) -> Connection:
     """An open fabric Connection to the node, or HostProblem saying what went wrong."""
-    via = gateway_for(node)
-    gateway: Connection | str | None = None
-    if isinstance(via, Node):
-        try:
-            gateway = connect(via, options)
-        except HostProblem as problem:
-            raise HostProblem(node.name, f"jump host {via.address}: {problem.why}") from None
-    elif isinstance(via, str):
-        gateway = via
+    # What can be refused here is refused before a jump host's connection is opened for it:
+    # one opened and then abandoned stayed open (once per node of a bad inventory).
     known_hosts = known_hosts_for(node, options.known_hosts)
     kwargs: dict = {"banner_timeout": options.connect_timeout,
                     "auth_timeout": options.connect_timeout}
@@ -302,14 +295,23 @@ def connect(node: Node, options: SshOptions) -> Connection:
         # Only the inventory's key: a stray agent or ~/.ssh key must not make a wrong
         # inventory look right.
         kwargs.update(key_filename=str(key), look_for_keys=False, allow_agent=False)
-    conn = _NodeConnection(node.address, user=node.user, port=node.port,
-                           connect_timeout=options.connect_timeout, connect_kwargs=kwargs,
-                           gateway=gateway)
     client = paramiko.SSHClient()
     if known_hosts.exists():
         client.load_host_keys(str(known_hosts))
     client.set_missing_host_key_policy(
         _AcceptNew(known_hosts) if options.accept_new_host_keys else paramiko.RejectPolicy())
+    via = gateway_for(node)
+    gateway: Connection | str | None = None
+    if isinstance(via, Node):
+        try:
+            gateway = connect(via, options)
+        except HostProblem as problem:
+            raise HostProblem(node.name, f"jump host {via.address}: {problem.why}") from None
+    elif isinstance(via, str):
+        gateway = via
+    conn = _NodeConnection(node.address, user=node.user, port=node.port,
+                           connect_timeout=options.connect_timeout, connect_kwargs=kwargs,
+                           gateway=gateway)
     conn.client = client
     where = f"{node.address}:{node.port}"
     if isinstance(via, Node):

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "init", help="write a recipe and an inventory template to start from",
         description=f"Writes DIR/{RECIPE_FILE} (a copy of a bundled recipe, with the comments "
-                    "that explain its settings, named after DIR) and DIR/{INVENTORY_FILE} (an "
+                    f"that explain its settings, named after DIR) and DIR/{INVENTORY_FILE} (an "
                     "inventory template documenting every key), then prints the commands to "
                     "type next. Existing files are never overwritten: launch init then writes "
                     "nothing (exit 2).")

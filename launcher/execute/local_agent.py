@@ -49,6 +49,8 @@ class LocalNodeProcess:
 
     def start(self) -> None:
         Path(self.command.run_dir).mkdir(parents=True, exist_ok=True)
+        if self.command.env.get("LAUNCH_CHECKPOINT_DIR"):
+            Path(self.command.env["LAUNCH_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.command.env, STAMP_ENV: self.stamp}
         if self.command.env.get("LAUNCH_PYTHON"):
             env["PATH"] = path_with(self.command.env["LAUNCH_PYTHON"], env.get("PATH"))

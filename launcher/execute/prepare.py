@@ -184,6 +184,7 @@ def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
                           command.cwd or ".", posixpath.join(command.run_dir,
                                                              "launch-setup.pgid"),
                           posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
+                          env.get("LAUNCH_CHECKPOINT_DIR", ""),
                           "env", *[f"{k}={v}" for k, v in env.items()],
                           *setup_argv(key, job.setup))
             out, err = LineSink(log.line), LineSink(log.line)

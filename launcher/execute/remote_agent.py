@@ -26,7 +26,8 @@ PGID_FILE = "launch.pgid"
 # Runs in the node's folder (the job's workdir, or the node's run folder) as its own session
 # leader (setsid), so $$ is the process group id every process of the node agent shares;
 # recorded (in a file named by a path from there) before torchrun replaces it. $3: a folder
-# to put first on PATH (the node's interpreter's: its pip, torchrun, deepspeed).
+# to put first on PATH (the node's interpreter's: its pip, torchrun, deepspeed); $4: a folder
+# the job finds made (LAUNCH_CHECKPOINT_DIR), or "".
 # The watchdog holds the SSH session's stdin, which only ends when the session does: if
 # launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
 # (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
@@ -35,7 +36,8 @@ PGID_FILE = "launch.pgid"
 START_SCRIPT = """cd "$1" || exit 97
 echo $$ > "$2"
 if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
-shift 3
+if [ -n "$4" ]; then mkdir -p "$4" || exit 97; fi
+shift 4
 exec 3<&0
 (
   trap '' TERM
@@ -131,6 +133,7 @@ class SshNodeProcess:
         line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
                       self.command.cwd or ".", self.pgid_path,
                       posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
+                      values.get("LAUNCH_CHECKPOINT_DIR", ""),
                       "env", *env, *self.command.argv)
         self.promise = self.connection().run(
             line, asynchronous=True, hide=True, warn=True, pty=False, in_stream=False,

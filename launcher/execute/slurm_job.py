@@ -401,7 +401,16 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
         return execute_plan(plan, folder, procs, display=display, after=after,
                             grace_s=options.grace_s, services=services, extra=extra)
     except RunFailed as err:
-        why = ended_by_slurm(slurm_doc.get("final") or watch.info(), bool(watch.cancelled))
+        final = slurm_doc.get("final") or watch.info()
+        # A job that ran on nodes which cannot see the run folder ends without writing a
+        # line there, however quickly launch saw it running: say so, whatever the nodes'
+        # missing exit codes looked like (Slurm's ending took them for killed nodes).
+        if final.final and not output.exists() and not any(
+                folder.node_dir(n).joinpath(AGENT_OUT).exists() for n in names):
+            error = not_shared_error(folder.root, final)
+            _record(folder, slurm_doc, final, "failed", str(error))
+            raise error from None
+        why = ended_by_slurm(final, bool(watch.cancelled))
         if why:
             raise RunFailed(f"{why}\n{err}", exit_code=err.exit_code) from None
         raise

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import paramiko
@@ -145,6 +146,30 @@ def test_a_changed_worker_key_is_refused_through_the_head(private_lab, run_launc
         in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not Path(tmp_path / "runs").exists()
+
+
+def _connections_to_sshd(address: str) -> int:
+    """This process's established TCP connections to address:22."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", "dst", f"{address}:22"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(f"pid={os.getpid()}," in line for line in out.splitlines())
+
+
+def test_a_node_that_fails_behind_the_head_leaves_no_connection_to_the_head(private_lab,
+                                                                            tmp_path):
+    """connect() opens the head's connection for a node behind it; when the node cannot be
+    reached, or its own key file is missing, no connection to the head stays open (one was
+    left open per failed node)."""
+    from launcher.ssh import HostProblem, SshOptions, connect
+
+    head = private_lab.hosts[0]
+    nodes = load_inventory(private_lab.inventory)
+    before = _connections_to_sshd(head.address)
+    for broken in (replace(nodes[1], address="172.31.255.254"),
+                   replace(nodes[1], key_file=str(tmp_path / "no-such-key"))):
+        with pytest.raises(HostProblem):
+            connect(broken, SshOptions(connect_timeout=3.0))
+    assert _connections_to_sshd(head.address) == before
 
 
 def _fake_cluster(ec2, lab: Lab, tmp_path: Path, ubuntu_ami: str) -> tuple[Path, Path]:

@@ -94,8 +94,7 @@ for step in range(start, steps):
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
     opt.step()
-    if rank == 0:
-        os.makedirs(ckpt_dir, exist_ok=True)
+    if rank == 0:   # launch made LAUNCH_CHECKPOINT_DIR before the job started
         torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
                     "step": step + 1}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)

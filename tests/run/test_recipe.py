@@ -38,9 +38,9 @@ def with_(**changes):
 CASES = [
     # (recipe, key the message must name, words it must contain)
     (with_(train__batchsize=32), "train.batchsize",
-     "unknown key (did you mean `batch_size`? The recipe reference is in README.md.)"),
+     "unknown key (did you mean `batch_size`? Every key is in docs/recipes.md.)"),
     (with_(colour="red"), "colour",
-     "unknown key (check the spelling. The recipe reference is in README.md.)"),
+     "unknown key (check the spelling. Every key is in docs/recipes.md.)"),
     (with_(ddp__powersgd__ranks=2), "ddp.powersgd.ranks", "unknown key"),
     (with_(nodes="two"), "nodes", "integer"),
     (with_(train__batch_size="big"), "train.batch_size", "integer"),

@@ -55,7 +55,7 @@ run_node() {
   local node=$SLURMD_NODENAME head_addr=$1 attempt=$2 final=$3 addr iface omp_threads agent
   local code stopped= dir node_rank=$SLURM_NODEID launch_attempt=$(( 0 + $2 ))
   dir=/shared/home/ada/runs/golden-1/"$node"
-  mkdir -p "$dir" && cd "$dir" || exit 1
+  mkdir -p "$dir" /shared/home/ada/runs/golden-1/checkpoints && cd "$dir" || exit 1
   exec >>"$dir"/agent.out 2>&1
   addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \([^ ]*\).*/\1/p')
   iface=$(ip -4 -o addr show to "$addr/32" | awk '{sub(/@.*/, "", $2); print $2; exit}')
