@@ -22,6 +22,36 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The test tiers. `./scripts/test --fast` runs `-m "not slow"`: unit tests and in-process CLI
+# tests, in under two minutes on 2 cores. What makes a test slow is derived from what it uses,
+# so that a new test cannot land in the fast tier by forgetting a marker: a lab (root, network
+# namespaces, sshd or Slurm: also `lab`), a real run or a subprocess of launch, moto's server,
+# Ansible, a browser, the wheel.
+LAB_FIXTURES = {"lab", "private_lab", "slurm_lab", "capped_lab", "lab_ready"}
+SLOW_FIXTURES = LAB_FIXTURES | {
+    "run_launch", "background_launch", "demo_local_run", "installed", "browser", "ddp_tuning",
+    "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & LAB_FIXTURES:
+            item.add_marker(pytest.mark.lab)
+        if used & SLOW_FIXTURES or item.get_closest_marker("lab"):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say why lab tests were skipped, and how many: as non-root they skip by design."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    needing_root = [r for r in skipped if "root" in str(getattr(r, "longrepr", ""))]
+    if needing_root:
+        terminalreporter.write_line(
+            f"{len(needing_root)} test(s) skipped: they build labs (network namespaces, sshd, "
+            "Slurm) and need root; CI runs them all as root", yellow=True)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
