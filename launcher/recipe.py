@@ -18,8 +18,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
 
 from launcher.errors import RecipeError
 from launcher.yamlfile import YamlFileError, load_yaml_file, shorten
-from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, auto_trial_steps,
-                           lr_warmup_steps)
+from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, COMM_HOOKS, MODELS, PRECISIONS,
+                           auto_trial_steps, lr_warmup_steps)
 
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
@@ -107,7 +107,7 @@ class Rendezvous(_Strict):
 
 
 class Train(_Strict):
-    model: Literal["vit_tiny", "vit_s16", "vit_b16"] = _field("train.model")
+    model: Literal[MODELS] = _field("train.model")
     # Optional overrides of the standard size (e.g. a shallower model for a CPU demo).
     depth: WholeNumber | None = _field("train.depth")
     width: WholeNumber | None = _field("train.width")
@@ -121,7 +121,7 @@ class Train(_Strict):
     lr: Number = _field("train.lr")
     weight_decay: Number = _field("train.weight_decay")
     warmup_steps: WholeNumber | None = _field("train.warmup_steps")
-    precision: Literal["fp32", "bf16"] = _field("train.precision")
+    precision: Literal[PRECISIONS] = _field("train.precision")
     seed: WholeNumber = _field("train.seed")
     grad_accum_steps: WholeNumber = _field("train.grad_accum_steps")
     num_workers: WholeNumber = _field("train.num_workers")
@@ -157,7 +157,7 @@ class DDP(_Strict):
     bucket_cap_mb: float | Literal["auto"] = Field(BY_KEY["ddp.bucket_cap_mb"].default)
     # auto: plain all-reduce first while the trainer measures how long it waits on
     # communication; PowerSGD (the powersgd block's rank) only if a trial shows it pays.
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "auto"] = _field("ddp.comm_hook")
+    comm_hook: Literal[COMM_HOOKS] = _field("ddp.comm_hook")
     powersgd: PowerSGD = PowerSGD()
 
     @field_validator("bucket_cap_mb", mode="before")
