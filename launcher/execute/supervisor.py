@@ -163,127 +163,254 @@ class Recovering(Protocol):
 def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 5.0,
               poll_s: float = 0.1, notify=None, services: list[NodeProcess] = (),
               settle_s: float = 1.0, recovery: Recovering | None = None) -> Outcome:
-    """Start every node, stream its lines, stop all when one fails. Returns when all are gone.
+    """Start every node, stream its lines, stop all when one fails. Returns when all are gone
+    (Supervisor says how)."""
+    return Supervisor(procs, router, grace_s=grace_s, poll_s=poll_s, notify=notify,
+                      services=services, settle_s=settle_s, recovery=recovery).run()
+
+
+class Supervisor:
+    """One run's node agents, from their start to the last one's end.
 
     `services` (the rendezvous store) start first and are stopped once every node has
     exited; one that ends while nodes still run fails the run. After the first failure the
     others get `settle_s` to report theirs before being stopped, so that the node where it
     started (a rank killed by a signal) is named, not the first to notice. `recovery` decides
-    about restarts and watches for hangs."""
-    notify = notify or (lambda text: None)
-    exits = {p.name: NodeExit(p.name) for p in procs}
-    readers: list[threading.Thread] = []
-    node_readers: dict[str, threading.Thread] = {}   # the latest reader of each node's output
-    started_at = time.monotonic()
-    stop_at: float | None = None
-    settle_until: float | None = None
-    failed_at: dict[str, float] = {}
-    killed = False
-    first_failure: str | None = None
-    reason = ""
-    status = "succeeded"
+    about restarts and watches for hangs.
 
-    def read(proc: NodeProcess) -> None:
+    run() is the loop: every `poll_s` it looks at the nodes (poll_nodes), the services
+    (poll_services), what recovery found (act_on_recovery), the settle window (settle), a
+    signal to launch (on_signal) and the grace period (escalate). Everything that starts or
+    stops a node goes through start_node, restart, restart_all and begin_stop; signals only
+    set flags (_StopRequest), acted on here."""
+
+    def __init__(self, procs: list[NodeProcess], router: LineRouter, *, grace_s: float,
+                 poll_s: float, notify, services: list[NodeProcess], settle_s: float,
+                 recovery: Recovering | None):
+        self.procs, self.router, self.services = procs, router, list(services)
+        self.grace_s, self.poll_s, self.settle_s = grace_s, poll_s, settle_s
+        self.notify = notify or (lambda text: None)
+        self.recovery = recovery
+        self.exits = {p.name: NodeExit(p.name) for p in procs}
+        self.readers: list[threading.Thread] = []
+        self.node_readers: dict[str, threading.Thread] = {}   # each node's latest reader
+        self.started_at = time.monotonic()
+        self.stop_at: float | None = None       # when launch began stopping every node
+        self.settle_until: float | None = None  # the end of the first failure's settle window
+        self.failed_at: dict[str, float] = {}   # nodes that failed, and when launch saw it
+        self.killed = False
+        self.first_failure: str | None = None
+        self.reason = ""
+        self.status = "succeeded"
+        self.request = _StopRequest()
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> Outcome:
+        with self.request:
+            not_started = self.start_services()
+            if not_started is not None:
+                return not_started
+            self.start_nodes()
+            if self.recovery is not None and self.stop_at is None:
+                self.recovery.start(self.procs, self.started_at)
+            while any(e.exit_code is None for e in self.exits.values()):
+                time.sleep(self.poll_s)
+                now = time.monotonic()
+                self.poll_nodes(now)
+                self.poll_services()
+                if self.recovery is not None and self.stop_at is None and \
+                        self.request.signum is None:
+                    self.act_on_recovery()
+                self.settle(now)
+                self.on_signal()
+                self.escalate()
+            stop_services(self.services, self.grace_s)
+        recovered = self.recovery.stop() if self.recovery is not None else {}
+        for t in self.readers:
+            t.join(timeout=2.0)
+        return Outcome(
+            status=self.status, nodes=list(self.exits.values()),
+            first_failure=self.first_failure, reason=self.reason,
+            duration_s=time.monotonic() - self.started_at,
+            stop_latency_s=None if self.stop_at is None else time.monotonic() - self.stop_at,
+            recovery=recovered,
+        )
+
+    def fail(self, node: str | None, why: str, stopping: str = "stopping all nodes") -> None:
+        self.first_failure, self.status, self.reason = node, "failed", why
+        self.begin_stop(f"{why}; {stopping}")
+
+    # ---- starting -----------------------------------------------------------------------
+    def start_services(self) -> Outcome | None:
+        """The services first; one that cannot start is the run's end, nothing else started."""
+        for service in self.services:
+            try:
+                service.start()
+            except Exception as err:  # noqa: BLE001 (named and reported, nothing else started)
+                return Outcome(status="failed",
+                               nodes=[NodeExit(p.name, -1, started=False) for p in self.procs],
+                               first_failure=service.name,
+                               reason=f"the {getattr(service, 'label', 'service')} on "
+                                      f"{service.name} could not be started: {err}")
+            self.start_reader(service)
+        return None
+
+    def start_nodes(self) -> None:
+        for p in self.procs:
+            try:
+                p.start()
+            except Exception as err:  # e.g. the SSH channel could not be opened
+                for never in self.procs[self.procs.index(p):]:
+                    self.exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
+                self.fail(p.name, f"node {p.name} could not be started: {err}",
+                          "stopping the nodes already started")
+                return
+            self.node_readers[p.name] = self.start_reader(p)
+
+    def start_reader(self, p: NodeProcess) -> threading.Thread:
+        t = threading.Thread(target=self.read, args=(p,), name=f"read-{p.name}", daemon=True)
+        t.start()
+        self.readers.append(t)
+        return t
+
+    def read(self, proc: NodeProcess) -> None:
         label = getattr(proc, "label", None)
         try:
             for line in proc.lines():
-                router.line(proc.name, line, label=label)
-                if recovery is not None and label is None:
-                    recovery.line(proc.name, line, label)
+                self.router.line(proc.name, line, label=label)
+                if self.recovery is not None and label is None:
+                    self.recovery.line(proc.name, line, label)
         except Exception as err:  # a dropped connection ends the stream; poll() reports it
-            router.line(proc.name, f"[launch] output stream ended: {err}", label=label)
+            self.router.line(proc.name, f"[launch] output stream ended: {err}", label=label)
 
-    def begin_stop(why: str) -> None:
-        nonlocal stop_at
-        if stop_at is not None:
+    # ---- looking ------------------------------------------------------------------------
+    def poll_nodes(self, now: float) -> None:
+        """Each running node's exit: a restart when recovery allows one, else a failure (and
+        the settle window opens) or its success."""
+        for p in self.procs:
+            node = self.exits[p.name]
+            if node.exit_code is not None:
+                continue
+            code = p.poll()
+            if code is None:
+                continue
+            if code != 0 and self.may_restart(p) and self.recovery.node_failed(p.name, code):
+                if self.recovery.restart_together:
+                    problem, where = self.restart_all(f"node {p.name} {describe_exit(code)}")
+                else:
+                    problem = self.restart(p, f"its agent {describe_exit(code)}")
+                    where = p.name
+                if problem is None:
+                    continue
+                self.fail(where, problem)
+            node.exit_code = code
+            if code != 0 and self.stop_at is None:
+                self.failed_at.setdefault(p.name, now)
+                if self.settle_until is None:
+                    self.settle_until = now + self.settle_s
+
+    def may_restart(self, p: NodeProcess) -> bool:
+        """Whether a node that failed now is a case for recovery at all: the run is not being
+        stopped or settled, nobody finished, and the backend can start this node again."""
+        return (self.recovery is not None and self.stop_at is None
+                and getattr(p, "restartable", True)
+                and self.settle_until is None and self.request.signum is None
+                and not any(e.exit_code == 0 for e in self.exits.values()))
+
+    def poll_services(self) -> None:
+        for service in self.services:
+            code = service.poll()
+            if code is not None and self.stop_at is None and self.first_failure is None:
+                label = getattr(service, "label", "service")
+                self.fail(service.name, f"the {label} on node {service.name} "
+                                        f"{describe_exit(code)}")
+
+    def act_on_recovery(self) -> None:
+        """A hang the watch found (restart or stop), or a reason to stop (out of restarts,
+        a restart that did not bring the rendezvous back)."""
+        found = self.recovery.hang()
+        if found is not None:
+            report, restart_allowed, lines = found
+            for text in lines:
+                self.notify(text)
+            problem, where = self.restart_after_hang(report) if restart_allowed else \
+                (report.reason(), (report.stuck_nodes() or [None])[0])
+            if problem is not None:
+                self.fail(where, problem)
+                return
+        trouble = self.recovery.trouble()
+        if trouble is not None:
+            self.fail(*trouble)
+
+    def settle(self, now: float) -> None:
+        """Once the settle window after the first failure is over (or nothing is left to
+        wait for), blame the node where it began and stop the others."""
+        if self.settle_until is None or self.stop_at is not None:
             return
-        stop_at = time.monotonic()
-        notify(why)
-        for p in procs:
-            if exits[p.name].exit_code is None:
-                exits[p.name].stopped_by_launch = True
+        if now >= self.settle_until or self.request.signum is not None or \
+                all(e.exit_code is not None for e in self.exits.values()):
+            node = self.blame()
+            self.fail(node, f"node {node} {describe_exit(self.exits[node].exit_code)}",
+                      "stopping the other nodes")
+
+    def on_signal(self) -> None:
+        if self.request.signum is not None and self.stop_at is None:
+            self.status = "interrupted"
+            self.reason = f"launch received {signal.Signals(self.request.signum).name}"
+            self.begin_stop(f"{self.reason}; stopping all nodes")
+
+    def escalate(self) -> None:
+        """SIGKILL once the grace period is over, or at once at a second Ctrl-C."""
+        if self.stop_at is None or self.killed:
+            return
+        if time.monotonic() - self.stop_at > self.grace_s or self.request.count > 1:
+            self.killed = True
+            for p in self.procs:
+                if self.exits[p.name].exit_code is None:
+                    p.signal(signal.SIGKILL)
+
+    # ---- stopping and blaming ----------------------------------------------------------
+    def begin_stop(self, why: str) -> None:
+        if self.stop_at is not None:
+            return
+        self.stop_at = time.monotonic()
+        self.notify(why)
+        for p in self.procs:
+            if self.exits[p.name].exit_code is None:
+                self.exits[p.name].stopped_by_launch = True
                 # Its agent's report of the SIGTERM (a traceback) is no news: log only.
-                router.mute(p.name)
+                self.router.mute(p.name)
                 p.signal(signal.SIGTERM)
 
-    def blame() -> str:
+    def blame(self) -> str:
         """The failed node where the failure began: a worker killed by a signal launch did
-        not send (one that aborted itself only when no other was), else the first to
-        report."""
+        not send (one that aborted itself, or only lost its peer, only when no other was),
+        else the first to report."""
         # A node's exit status can arrive before its last lines (over SSH they travel apart,
         # and the killed worker's `exitcode: -9` is among the last): let the exited nodes'
         # output end first, within the settle window (at least a moment once it has passed).
-        until = max(settle_until or 0.0, time.monotonic() + 0.2)
-        for name in failed_at:
-            reader = node_readers.get(name)
+        until = max(self.settle_until or 0.0, time.monotonic() + 0.2)
+        for name in self.failed_at:
+            reader = self.node_readers.get(name)
             if reader is not None:
                 reader.join(timeout=max(0.0, until - time.monotonic()))
-        order = sorted(failed_at, key=failed_at.get)
-        evidence = {name: failure_evidence(router.tail(name, 200)) for name in order}
+        order = sorted(self.failed_at, key=self.failed_at.get)
+        evidence = {name: failure_evidence(self.router.tail(name, 200)) for name in order}
         return max(order, key=lambda name: evidence[name])  # max keeps the first of equals
 
-    def start_reader(p: NodeProcess) -> threading.Thread:
-        t = threading.Thread(target=read, args=(p,), name=f"read-{p.name}", daemon=True)
-        t.start()
-        readers.append(t)
-        return t
-
-    def restart_all(why: str) -> tuple[str | None, str | None]:
-        """A job that brought its own launcher (a command) is restarted whole: every node
-        stopped (SIGTERM, SIGKILL after the grace period), then every node started again with
-        the next LAUNCH_ATTEMPT. Returns (why it could not be, the node)."""
-        notify(f"restarting every node ({why})")
-        running = [p for p in procs if p.poll() is None]
-        for p in running:
-            router.mute(p.name)
-            p.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
-            time.sleep(poll_s)
-        for p in procs:
-            router.unmute(p.name)
-            problem = restart(p, "with the others")
-            if problem is not None:
-                return problem, p.name
-        recovery.closed()
-        return None, None
-
-    def restart_after_hang(report) -> tuple[str | None, str | None]:
-        """Kill the stuck ranks (their node's torchrun starts its workers again, and the
-        other nodes follow into a new rendezvous round); a node whose ranks cannot be killed
-        that way gets its agent restarted."""
-        if recovery.restart_together:
-            return restart_all("after the hang")
-        by_name = {p.name: p for p in procs}
-        targets = report.pids_to_restart() or {name: [] for name in by_name}
-        for name, pids in targets.items():
-            p = by_name[name]
-            gone = []
-            if pids and hasattr(p, "kill_ranks"):
-                try:
-                    gone = p.kill_ranks(pids).get("killed", [])
-                except Exception as err:  # noqa: BLE001 (then the agent goes instead)
-                    notify(f"could not kill the stuck ranks on node {name}: {err}")
-            if gone:
-                notify(f"killed rank process(es) {', '.join(map(str, gone))} on node "
-                       f"{name}; torchrun restarts its workers")
-                continue
-            problem = restart(p, "after the hang")
-            if problem is not None:
-                return problem, name
-        recovery.restarted()
-        return None, None
-
-    def restart(p: NodeProcess, why: str) -> str | None:
+    # ---- restarting ---------------------------------------------------------------------
+    def restart(self, p: NodeProcess, why: str) -> str | None:
         """The node's agent again on the same host: what is left of the old one is killed
         (by its process group), then it is started, retried until the restart deadline (its
         peers wait that long in the rendezvous). Returns why it could not be."""
+        recovery = self.recovery
         if not recovery.restart_together:
-            notify(f"restarting node {p.name} ({why}); the other nodes wait in the rendezvous")
+            self.notify(f"restarting node {p.name} ({why}); the other nodes wait in the "
+                        "rendezvous")
         p.signal(signal.SIGKILL)
-        gone_by = time.monotonic() + grace_s + 5.0
+        gone_by = time.monotonic() + self.grace_s + 5.0
         while p.poll() is None and time.monotonic() < gone_by:
-            time.sleep(poll_s)
+            time.sleep(self.poll_s)
         give_up_at = time.monotonic() + recovery.restart_deadline_s
         # LAUNCH_ATTEMPT of the restarted node: the run's restarts so far (its peers count
         # theirs through torchrun's restart count, train/worker.py).
@@ -293,127 +420,62 @@ def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 
                 p.start()
                 break
             except Exception as err:  # noqa: BLE001 (unreachable host: retried, then named)
-                if request.signum is not None:
+                if self.request.signum is not None:
                     return "launch was interrupted while restarting it"
                 if time.monotonic() >= give_up_at:
                     return (f"node {p.name} could not be restarted within "
                             f"{recovery.restart_deadline_s:g}s: {err}")
                 time.sleep(2.0)
-        exits[p.name].restarts += 1
-        node_readers[p.name] = start_reader(p)
+        self.exits[p.name].restarts += 1
+        self.node_readers[p.name] = self.start_reader(p)
         recovery.restarted()
         return None
 
-    def act_on_recovery() -> None:
-        """A hang the watch found (restart or stop), or a reason to stop (out of restarts,
-        a restart that did not bring the rendezvous back)."""
-        nonlocal first_failure, status, reason
-        found = recovery.hang()
-        if found is not None:
-            report, restart_allowed, lines = found
-            for text in lines:
-                notify(text)
-            problem, where = restart_after_hang(report) if restart_allowed else \
-                (report.reason(), (report.stuck_nodes() or [None])[0])
+    def restart_all(self, why: str) -> tuple[str | None, str | None]:
+        """A job that brought its own launcher (a command) is restarted whole: every node
+        stopped (SIGTERM, SIGKILL after the grace period), then every node started again with
+        the next LAUNCH_ATTEMPT. Returns (why it could not be, the node)."""
+        self.notify(f"restarting every node ({why})")
+        running = [p for p in self.procs if p.poll() is None]
+        for p in running:
+            self.router.mute(p.name)
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        for p in self.procs:
+            self.router.unmute(p.name)
+            problem = self.restart(p, "with the others")
             if problem is not None:
-                first_failure, status, reason = where, "failed", problem
-                begin_stop(f"{reason}; stopping all nodes")
-                return
-        trouble = recovery.trouble()
-        if trouble is not None:
-            first_failure, reason = trouble
-            status = "failed"
-            begin_stop(f"{reason}; stopping all nodes")
+                return problem, p.name
+        self.recovery.closed()
+        return None, None
 
-    with _StopRequest() as request:
-        for service in services:
-            try:
-                service.start()
-            except Exception as err:  # noqa: BLE001 (named and reported, nothing else started)
-                return Outcome(status="failed", nodes=[NodeExit(p.name, -1, started=False)
-                                                       for p in procs],
-                               first_failure=service.name,
-                               reason=f"the {getattr(service, 'label', 'service')} on "
-                                      f"{service.name} could not be started: {err}")
-            start_reader(service)
-        for p in procs:
-            try:
-                p.start()
-            except Exception as err:  # e.g. the SSH channel could not be opened
-                first_failure, status = p.name, "failed"
-                reason = f"node {p.name} could not be started: {err}"
-                for never in procs[procs.index(p):]:
-                    exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
-                begin_stop(f"{reason}; stopping the nodes already started")
-                break
-            node_readers[p.name] = start_reader(p)
-        if recovery is not None and stop_at is None:
-            recovery.start(procs, started_at)
-        while any(e.exit_code is None for e in exits.values()):
-            time.sleep(poll_s)
-            now = time.monotonic()
-            for p in procs:
-                node = exits[p.name]
-                if node.exit_code is not None:
-                    continue
-                code = p.poll()
-                if code is None:
-                    continue
-                if (code != 0 and recovery is not None and stop_at is None
-                        and getattr(p, "restartable", True)
-                        and settle_until is None and request.signum is None
-                        and not any(e.exit_code == 0 for e in exits.values())
-                        and recovery.node_failed(p.name, code)):
-                    why = f"node {p.name} {describe_exit(code)}"
-                    if recovery.restart_together:
-                        problem, where = restart_all(why)
-                    else:
-                        problem, where = restart(p, f"its agent {describe_exit(code)}"), p.name
-                    if problem is None:
-                        continue
-                    first_failure, status, reason = where, "failed", problem
-                    begin_stop(f"{reason}; stopping all nodes")
-                node.exit_code = code
-                if code != 0 and stop_at is None:
-                    failed_at.setdefault(p.name, now)
-                    if settle_until is None:
-                        settle_until = now + settle_s
-            for service in services:
-                code = service.poll()
-                if code is not None and stop_at is None and first_failure is None:
-                    label = getattr(service, "label", "service")
-                    first_failure, status = service.name, "failed"
-                    reason = f"the {label} on node {service.name} {describe_exit(code)}"
-                    begin_stop(f"{reason}; stopping all nodes")
-            if recovery is not None and stop_at is None and request.signum is None:
-                act_on_recovery()
-            if settle_until is not None and stop_at is None and (
-                    now >= settle_until or request.signum is not None
-                    or all(e.exit_code is not None for e in exits.values())):
-                first_failure = blame()
-                status = "failed"
-                reason = f"node {first_failure} {describe_exit(exits[first_failure].exit_code)}"
-                begin_stop(f"{reason}; stopping the other nodes")
-            if request.signum is not None and stop_at is None:
-                status = "interrupted"
-                reason = f"launch received {signal.Signals(request.signum).name}"
-                begin_stop(f"{reason}; stopping all nodes")
-            escalate = stop_at is not None and time.monotonic() - stop_at > grace_s
-            if (escalate or request.count > 1) and not killed and stop_at is not None:
-                killed = True
-                for p in procs:
-                    if exits[p.name].exit_code is None:
-                        p.signal(signal.SIGKILL)
-        stop_services(services, grace_s)
-    recovered = recovery.stop() if recovery is not None else {}
-    for t in readers:
-        t.join(timeout=2.0)
-    return Outcome(
-        status=status, nodes=list(exits.values()), first_failure=first_failure, reason=reason,
-        duration_s=time.monotonic() - started_at,
-        stop_latency_s=None if stop_at is None else time.monotonic() - stop_at,
-        recovery=recovered,
-    )
+    def restart_after_hang(self, report) -> tuple[str | None, str | None]:
+        """Kill the stuck ranks (their node's torchrun starts its workers again, and the
+        other nodes follow into a new rendezvous round); a node whose ranks cannot be killed
+        that way gets its agent restarted."""
+        if self.recovery.restart_together:
+            return self.restart_all("after the hang")
+        by_name = {p.name: p for p in self.procs}
+        targets = report.pids_to_restart() or {name: [] for name in by_name}
+        for name, pids in targets.items():
+            p = by_name[name]
+            gone = []
+            if pids and hasattr(p, "kill_ranks"):
+                try:
+                    gone = p.kill_ranks(pids).get("killed", [])
+                except Exception as err:  # noqa: BLE001 (then the agent goes instead)
+                    self.notify(f"could not kill the stuck ranks on node {name}: {err}")
+            if gone:
+                self.notify(f"killed rank process(es) {', '.join(map(str, gone))} on node "
+                            f"{name}; torchrun restarts its workers")
+                continue
+            problem = self.restart(p, "after the hang")
+            if problem is not None:
+                return problem, name
+        self.recovery.restarted()
+        return None, None
 
 
 def stop_services(services: list[NodeProcess], grace_s: float, poll_s: float = 0.05) -> None:
