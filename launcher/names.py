@@ -79,7 +79,7 @@ RULES: dict[str, Rule] = {
     # It becomes part of security group, placement group and host names.
     "cluster name": Rule(
         r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", "use 1-40 lowercase letters, digits and '-', "
-        "starting with a letter", 40, "demo"),
+        "starting with a letter and not ending with '-'", 40, "demo"),
 }
 
 

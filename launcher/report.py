@@ -281,8 +281,8 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
     if safefile.lstat(metrics, within=run_dir.parent) is None:
         return None
     try:
-        records = [r.model_dump(exclude_unset=True) for r in read_lines(MetricsLine, metrics,
-                                                      within=run_dir.parent)]
+        records = [r.model_dump(exclude_unset=True) for r in read_lines(
+            MetricsLine, metrics, within=run_dir.parent, problems=warnings)]
     except LauncherError as err:
         warnings.append(str(err))
         return None

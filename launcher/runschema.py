@@ -333,14 +333,21 @@ def read_record(model: type[Model], path: str | Path, *, within: Path | None,
 
 
 def read_lines(model: type[Model], path: str | Path, *, within: Path | None,
-               max_bytes: int = MAX_METRICS_TAIL) -> list[Model]:
-    """A JSON-lines file's records that fit the model, from its last `max_bytes`; lines that
-    are cut (the one being written when a run was killed) or foreign are skipped."""
+               max_bytes: int = MAX_METRICS_TAIL,
+               problems: list[str] | None = None) -> list[Model]:
+    """A JSON-lines file's records that fit the model, from its last `max_bytes`. The last
+    line may be cut (the one being written when a run was killed) and is dropped quietly; any
+    other line that does not fit is dropped and, with `problems`, counted there with the first
+    one's file, line and key."""
     text = safefile.read_text(path, "metrics", max_bytes=max_bytes, within=within, tail=True)
-    out = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    out, bad = [], []
+    for number, line in enumerate(lines, 1):
         try:
             out.append(validate(model, safefile.loads_json(line, path), path))
-        except LauncherError:
-            continue
+        except LauncherError as err:
+            if number < len(lines):
+                bad.append(f"line {number}: {str(err).removeprefix(f'{path}: ')}")
+    if bad and problems is not None:
+        problems.append(f"{path}: {len(bad)} line(s) skipped, first {bad[0]}")
     return out

@@ -56,13 +56,13 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _explain(path: Path, err: OSError, what: str) -> UnsafeFile:
+def _explain(path: Path, err: OSError) -> UnsafeFile:
     if err.errno == errno.ENOENT:
         return UnsafeFile(path, "does not exist", missing=True)
     if err.errno in (errno.ELOOP, errno.EMLINK) or (err.errno == errno.ENOTDIR
                                                      and path.is_symlink()):
-        return UnsafeFile(path, f"is a symbolic link: launch follows no link inside a {what}; "
-                                "remove it (or copy the real file there)")
+        return UnsafeFile(path, "is a symbolic link: launch follows no link inside a run "
+                                "folder; remove it (or copy the real file there)")
     if err.errno == errno.ENXIO:
         return UnsafeFile(path, "is a FIFO or socket, not a file")
     return UnsafeFile(path, f"cannot be opened: {err.strerror or err}")
@@ -79,15 +79,14 @@ def _relative(path: Path, within: Path) -> tuple[str, ...]:
 
 
 @contextmanager
-def _parent_fd(path: Path, within: Path | None, *, create: bool = False,
-               what: str = "run folder") -> Iterator[int]:
+def _parent_fd(path: Path, within: Path | None, *, create: bool = False) -> Iterator[int]:
     """A descriptor of `path`'s folder: opened as given when `within` is None, else walked
     from `within` with no link followed (folders made on the way when `create`)."""
     if within is None:
         try:
             fd = os.open(path.parent, _DIR_FLAGS)
         except OSError as err:
-            raise _explain(path.parent, err, what) from None
+            raise _explain(path.parent, err) from None
         try:
             yield fd
         finally:
@@ -97,7 +96,7 @@ def _parent_fd(path: Path, within: Path | None, *, create: bool = False,
     try:
         fd = os.open(within, _DIR_FLAGS)
     except OSError as err:
-        raise _explain(within, err, what) from None
+        raise _explain(within, err) from None
     try:
         current = within
         for part in parts[:-1]:
@@ -112,7 +111,7 @@ def _parent_fd(path: Path, within: Path | None, *, create: bool = False,
             try:
                 nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as err:
-                raise _explain(current, err, what) from None
+                raise _explain(current, err) from None
             os.close(fd)
             fd = nxt
         yield fd
@@ -121,21 +120,29 @@ def _parent_fd(path: Path, within: Path | None, *, create: bool = False,
 
 
 def _open_file(path: Path, flags: int, within: Path | None, *, follow: bool, mode: int = 0o644,
-               create_dirs: bool = False, what: str = "run folder") -> int:
+               create_dirs: bool = False) -> int:
     flags |= os.O_NONBLOCK | os.O_CLOEXEC
     if within is not None or not follow:
         flags |= os.O_NOFOLLOW
-    with _parent_fd(path, within, create=create_dirs, what=what) as dfd:
+    if within is None:
+        try:
+            return os.open(path, flags, mode)
+        except OSError as err:
+            raise _explain(path, err) from None
+    with _parent_fd(path, within, create=create_dirs) as dfd:
         try:
             return os.open(path.name, flags, mode, dir_fd=dfd)
         except OSError as err:
-            raise _explain(path, err, what) from None
+            raise _explain(path, err) from None
 
 
 def _regular(fd: int, path: Path, what: str) -> os.stat_result:
     info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise UnsafeFile(path, f"is a folder, not a {what} file")
     if not stat.S_ISREG(info.st_mode):
-        raise UnsafeFile(path, f"is {_kind(info.st_mode)}, not a {what} file")
+        raise UnsafeFile(path, f"is not a regular file ({_kind(info.st_mode)}); give the "
+                               f"{what} as a file")
     return info
 
 
@@ -173,7 +180,7 @@ def read_bytes(path: str | Path, what: str, *, max_bytes: int, within: Path | No
     with _reading(path, what, within, follow) as (fd, info):
         if info.st_size > max_bytes:
             if not tail:
-                raise UnsafeFile(path, f"is {info.st_size} bytes; a {what} file is at most "
+                raise UnsafeFile(path, f"is {info.st_size} bytes; a {what} is at most "
                                        f"{max_bytes} bytes")
             os.lseek(fd, info.st_size - max_bytes, os.SEEK_SET)
         return b"".join(_chunks(fd, path, max_bytes))
@@ -235,10 +242,9 @@ def read_json(path: str | Path, what: str, *, max_bytes: int, within: Path | Non
                       path)
 
 
-def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int,
-           what: str) -> Path:
+def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int) -> Path:
     tmp = f".{path.name[:100]}.{secrets.token_hex(6)}.tmp"
-    with _parent_fd(path, within, create=within is not None, what=what) as dfd:
+    with _parent_fd(path, within, create=within is not None) as dfd:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, mode, dir_fd=dfd)
@@ -267,11 +273,11 @@ def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int,
 
 
 def write_bytes(path: str | Path, data: bytes, *, within: Path | None = None,
-                mode: int = 0o644, what: str = "run folder") -> Path:
+                mode: int = 0o644) -> Path:
     """`data` into `path` through a fresh temporary file in the same folder (created with
     O_EXCL|O_NOFOLLOW, renamed over `path`): whatever `path` was (a link, a FIFO), it is
     replaced, never written through. Folders below `within` are made as needed."""
-    return _write(Path(path), [data], within, mode, what)
+    return _write(Path(path), [data], within, mode)
 
 
 def write_text(path: str | Path, text: str, *, within: Path | None = None,
@@ -284,12 +290,12 @@ def write_json(path: str | Path, data: Any, *, within: Path | None = None,
     return write_text(path, json.dumps(data, indent=2) + "\n", within=within, mode=mode)
 
 
-def open_append(path: str | Path, *, within: Path, what: str = "run folder") -> TextIO:
+def open_append(path: str | Path, *, within: Path) -> TextIO:
     """A log file opened for appending lines, made (with its folders) if missing; a link or a
     FIFO in its place is refused rather than opened."""
     path = Path(path)
     fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, within, follow=False,
-                    create_dirs=True, what=what)
+                    create_dirs=True)
     try:
         _regular(fd, path, "log")
     except UnsafeFile:
@@ -324,9 +330,9 @@ def copy(src: str | Path, dst: str | Path, what: str, *, max_bytes: int,
     src, dst = Path(src), Path(dst)
     with _reading(src, what, within, False) as (fd, info):
         if info.st_size > max_bytes:
-            raise UnsafeFile(src, f"is {info.st_size} bytes; a {what} file is at most "
+            raise UnsafeFile(src, f"is {info.st_size} bytes; a {what} is at most "
                                   f"{max_bytes} bytes")
-        return _write(dst, _chunks(fd, src, max_bytes), within, 0o644, "run folder")
+        return _write(dst, _chunks(fd, src, max_bytes), within, 0o644)
 
 
 def lstat(path: str | Path, *, within: Path) -> os.stat_result | None:

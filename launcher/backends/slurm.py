@@ -30,6 +30,7 @@ from launcher.inventory import Node
 from launcher.plan import Placement, plan_run
 from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
 from launcher.sbatch import ADDR, HEAD_ADDR, IFACE, NODE, OMP_THREADS, SlurmJob
+from launcher.sbatch_args import batch_path_problem
 from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
 
 MAX_SLURM_NODES = 4096
@@ -100,6 +101,8 @@ class SlurmBackend:
                      "where the rendezvous store runs) and each node's own address and "
                      "interface when it runs")
         run_dir = str(Path(self.cwd, runs_dir).resolve() / run_id)
+        if batch_path_problem(run_dir):
+            raise LauncherError(f"--runs-dir: {batch_path_problem(run_dir)}")
         template = Node(name=NODE, address=ADDR, private_address=ADDR, interface=IFACE,
                         gpus=gpus or 0)
         place = Placement(python=settings.python, code_dir="../code", run_dir=".",
