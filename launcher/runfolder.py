@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,12 +105,16 @@ class RunFolder:
         check_run_id(run_id, "--resume")
         runs = Path(runs_dir).resolve()
         root = runs / run_id
-        if not root.is_symlink() and root.is_dir():
-            folder = cls(root)
-            if all(safefile.is_file(root / n, within=runs) for n in (LAUNCH_FILE, "plan.json")):
-                return folder
         if root.is_symlink() or root.exists():
-            safefile.check_folder(root, "run folder")   # says what it is instead
+            safefile.check_folder(root, "run folder")   # a link, or not a folder: says so
+            found = [safefile.lstat(root / n, within=runs) for n in (LAUNCH_FILE, "plan.json")]
+            if all(info is not None for info in found):
+                for name, info in zip((LAUNCH_FILE, "plan.json"), found):
+                    if not stat.S_ISREG(info.st_mode):
+                        raise LauncherError(f"--resume {run_id}: {root / name} is not a plain "
+                                            "file (a link, FIFO, device or folder): not a run "
+                                            "folder launch can continue")
+                return cls(root)
         known = sorted(name for name in _listing(runs)
                        if RULES["run id"].problem(name) is None
                        and safefile.is_file(runs / name / LAUNCH_FILE, within=runs))[-5:]

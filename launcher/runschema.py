@@ -323,7 +323,7 @@ def read_record(model: type[Model], path: str | Path, *, within: Path | None,
     """One JSON file of a run folder as `model`. `within`: the folder under which no link is
     followed (a run folder's parent: launcher/runfolder.py)."""
     try:
-        data = safefile.read_json(path, "run", max_bytes=max_bytes, within=within)
+        data = safefile.read_json(path, Path(path).name, max_bytes=max_bytes, within=within)
     except safefile.UnsafeFile as err:
         if err.why.startswith("not valid JSON"):
             raise RunFileError(path, "", f"{err.why}; the run may have been killed while "
@@ -339,7 +339,8 @@ def read_lines(model: type[Model], path: str | Path, *, within: Path | None,
     line may be cut (the one being written when a run was killed) and is dropped quietly; any
     other line that does not fit is dropped and, with `problems`, counted there with the first
     one's file, line and key."""
-    text = safefile.read_text(path, "metrics", max_bytes=max_bytes, within=within, tail=True)
+    text = safefile.read_text(path, Path(path).name, max_bytes=max_bytes, within=within,
+                              tail=True)
     lines = text.splitlines()
     out, bad = [], []
     for number, line in enumerate(lines, 1):

@@ -63,6 +63,8 @@ def _explain(path: Path, err: OSError) -> UnsafeFile:
                                                      and path.is_symlink()):
         return UnsafeFile(path, "is a symbolic link: launch follows no link inside a run "
                                 "folder; remove it (or copy the real file there)")
+    if err.errno == errno.ENOTDIR:
+        return UnsafeFile(path, "is not a folder (launch expects one there)")
     if err.errno == errno.ENXIO:
         return UnsafeFile(path, "is a FIFO or socket, not a file")
     return UnsafeFile(path, f"cannot be opened: {err.strerror or err}")

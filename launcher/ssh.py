@@ -32,7 +32,7 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # (an inventory naming /dev/zero grew launch to 3 GB) is not one.
 MAX_KNOWN_HOSTS = 64 * safefile.MIB
 MAX_KEY_FILE = 1 * safefile.MIB
-_HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>\d+))?$")
+_HOP = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>[0-9]+))?")
 # ssh flags that take no value, so a ProxyCommand's destination can be told from its options.
 _SSH_FLAGS = set("46AaCfGgKkMNnqsTtVvXxYy")
 
@@ -138,7 +138,7 @@ class _Hop:
 
 
 def _parse_hop(text: str) -> _Hop | None:
-    m = _HOP.match(text.strip())
+    m = _HOP.fullmatch(text.strip())
     if not m:
         return None
     return _Hop(m.group("host"), int(m.group("port") or 22), m.group("user"))

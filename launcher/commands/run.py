@@ -78,7 +78,8 @@ def main(args) -> int:
         if args.run_id and args.run_id != args.resume:
             raise LauncherError(f"--resume {args.resume} continues that run in its folder; "
                                 f"--run-id {args.run_id} would name another")
-        point = find_resume_point(args.runs_dir, check_run_id(args.resume), args.recipe)
+        point = find_resume_point(args.runs_dir, check_run_id(args.resume, "--resume"),
+                                  args.recipe)
         recipe, run_id = point.recipe, args.resume
     elif args.recipe is None:
         raise LauncherError("launch run needs a recipe (a YAML file or a bundled name: `launch "

@@ -39,8 +39,8 @@ SSM_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 PUBLIC_IP_MODES = ("head", "all", "none")
 IMAGES = ("ubuntu", "dlami")
 
-_JUMP = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
-                   r"(?::(?P<port>\d{1,5}))?$")
+_JUMP = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
+                   r"(?::(?P<port>[0-9]{1,5}))?")
 
 
 class ProvisionSpecError(LauncherError):
@@ -249,7 +249,7 @@ def normalize_cidr(text: str) -> str:
 
 
 def parse_jump(text: str) -> JumpHost:
-    match = _JUMP.match(text.strip())
+    match = _JUMP.fullmatch(text.strip())
     if not match or not match.group("host") or match.group("host").startswith("-"):
         raise ProvisionSpecError(f"--jump {text!r} is not [user@]host[:port] "
                                  "(example: ec2-user@bastion.example.com)")
