@@ -24,10 +24,10 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from launcher.errors import LauncherError
 
@@ -244,7 +244,8 @@ def read_json(path: str | Path, what: str, *, max_bytes: int, within: Path | Non
                       path)
 
 
-def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int) -> Path:
+def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int,
+           fill: Callable[[BinaryIO], object] | None = None) -> Path:
     tmp = f".{path.name[:100]}.{secrets.token_hex(6)}.tmp"
     with _parent_fd(path, within, create=within is not None) as dfd:
         try:
@@ -253,13 +254,17 @@ def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int) 
         except OSError as err:
             raise UnsafeFile(path, f"cannot be written: {err.strerror or err}") from None
         try:
-            try:
-                for chunk in chunks:
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
+            if fill is not None:
+                with os.fdopen(fd, "wb") as f:
+                    fill(f)
+            else:
+                try:
+                    for chunk in chunks:
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException as err:
             try:
@@ -280,6 +285,13 @@ def write_bytes(path: str | Path, data: bytes, *, within: Path | None = None,
     O_EXCL|O_NOFOLLOW, renamed over `path`): whatever `path` was (a link, a FIFO), it is
     replaced, never written through. Folders below `within` are made as needed."""
     return _write(Path(path), [data], within, mode)
+
+
+def write_with(path: str | Path, write: Callable[[BinaryIO], object], *, within: Path,
+               mode: int = 0o644) -> Path:
+    """What `write(f)` writes (a download, a stream) into `path`, with the rules of
+    write_bytes: a fresh temporary file renamed over the target, no link followed."""
+    return _write(Path(path), [], within, mode, fill=write)
 
 
 def write_text(path: str | Path, text: str, *, within: Path | None = None,
