@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import stat
@@ -44,6 +45,9 @@ STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
 ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "metrics.jsonl",
                  "code.json")
 MAX_METRICS = 256 * safefile.MIB
+# The one kind of FIFO a run folder holds: NCCL's flight recorder pipe on GPU ranks, where
+# launcher/plan.py points TORCH_NCCL_DEBUG_INFO_PIPE_FILE (<node>/hang/nccl-trace.rank<r>.pipe).
+_FLIGHT_RECORDER = re.compile(r"[^/]+/hang/nccl-trace\.rank[0-9]+\.pipe")
 
 
 def _now() -> str:
@@ -114,6 +118,15 @@ class RunFolder:
                         raise LauncherError(f"--resume {run_id}: {root / name} is not a plain "
                                             "file (a link, FIFO, device or folder): not a run "
                                             "folder launch can continue")
+                # The run goes on writing here (node logs, torchrun's, NCCL's, checkpoints,
+                # stacks): nothing in it may lead elsewhere or block a writer.
+                foreign = safefile.foreign_entries(root, within=runs, fifos=_FLIGHT_RECORDER)
+                if foreign:
+                    raise LauncherError(
+                        f"--resume {run_id}: {root} holds what neither launch nor its trainer "
+                        f"makes: {'; '.join(foreign[:5])}"
+                        + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                        + ". Remove them (or copy the real files there) and resume again")
                 return cls(root)
         known = sorted(name for name in _listing(runs)
                        if RULES["run id"].problem(name) is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator
@@ -383,6 +384,46 @@ def listdir(path: str | Path, *, within: Path) -> list[str]:
         if err.missing:
             return []
         raise
+
+
+def foreign_entries(folder: str | Path, *, within: Path, fifos: re.Pattern | None = None,
+                    limit: int = 100_000) -> list[str]:
+    """Every symbolic link, FIFO, socket or device in the tree of `folder` (below `within`),
+    as 'relative/path (what)', but FIFOs whose relative path `fifos` matches whole. Walked
+    with no link followed; more than `limit` entries is itself a finding."""
+    found: list[str] = []
+    seen = 0
+    folder = Path(folder)
+    with _parent_fd(folder / "_", within) as top:
+        stack = [(os.dup(top), "")]
+        try:
+            while stack:
+                fd, prefix = stack.pop()
+                try:
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            seen += 1
+                            rel = prefix + entry.name
+                            if seen > limit:
+                                found.append(f"more than {limit} entries")
+                                return found
+                            if entry.is_symlink():
+                                found.append(f"{rel} (a symbolic link to "
+                                             f"{os.readlink(entry.name, dir_fd=fd)!r})")
+                            elif entry.is_dir(follow_symlinks=False):
+                                sub = os.open(entry.name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                                stack.append((sub, rel + "/"))
+                            elif not entry.is_file(follow_symlinks=False):
+                                mode = entry.stat(follow_symlinks=False).st_mode
+                                if not (stat.S_ISFIFO(mode) and fifos is not None
+                                        and fifos.fullmatch(rel)):
+                                    found.append(f"{rel} ({_kind(mode)})")
+                finally:
+                    os.close(fd)
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+    return found
 
 
 def check_folder(path: str | Path, what: str) -> Path:

@@ -24,6 +24,7 @@ from tests.run.hostile import Guard, check, run_cli, snapshot
 pytestmark = pytest.mark.timeout(120)   # a FIFO opened for reading would hang a case
 
 RUN = "r1"
+FOREIGN = "holds what neither launch nor its trainer makes"
 NODE = "node0"
 RECIPE = {"name": "t", "nodes": 1, "checkpoint": {"every_steps": 10},
           "train": {"dataset": "digits", "image_size": 8, "patch_size": 4, "steps": 20,
@@ -180,6 +181,7 @@ def regular(name: str):
 def moved_as_link(root: Path, outside: Path) -> None:
     kept = root / "attempts" / "1" / "summary.json"
     assert kept.is_symlink() and os.readlink(kept) == str(secret(outside))
+    assert secret(outside).read_text() == SECRET
     assert json.loads((root / "launch.json").read_text())["attempt"] == 2
 
 
@@ -187,6 +189,28 @@ def replace_run_with_link(root: Path, outside: Path) -> None:
     import shutil
     shutil.rmtree(root)
     root.symlink_to(fake_run(outside))
+
+
+def fifo(name: str):
+    def plant(root: Path, outside: Path) -> None:
+        (root / name).unlink(missing_ok=True)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(root / name)
+    return plant
+
+
+def sparse(name: str):
+    def plant(root: Path, outside: Path) -> None:
+        with open(root / name, "wb") as f:
+            f.truncate(4 << 30)   # 4 GB, no disk used
+    return plant
+
+
+def dev_zero(name: str):
+    def plant(root: Path, outside: Path) -> None:
+        (root / name).unlink(missing_ok=True)
+        (root / name).symlink_to("/dev/zero")
+    return plant
 
 
 # ---- class 1: links planted in the run folder ------------------------------------------------
@@ -213,17 +237,23 @@ LINKS = [
     Case("resume-run-folder-is-a-link", replace_run_with_link, RESUME_DRY, 2,
          "r1: is a symbolic link"),
     Case("resume-recipe-copy-is-a-link", link("recipe.yml", secret), RESUME_DRY, 2,
-         "recipe.yml: is a symbolic link"),
+         [FOREIGN, "recipe.yml (a symbolic link to"]),
     Case("resume-checkpoints-is-a-link", link(f"{NODE}/checkpoints", elsewhere), RESUME_DRY, 2,
-         "checkpoints: is a symbolic link"),
+         [FOREIGN, f"{NODE}/checkpoints (a symbolic link"]),
     Case("resume-attempts-is-a-link", link("attempts", elsewhere), "resume-begin", 2,
-         "attempts: is a symbolic link",
+         [FOREIGN, "attempts (a symbolic link"],
          after=lambda root, outside: (root / "plan.json").is_file() or
          pytest.fail("plan.json was moved")),
     Case("resume-attempt-folder-is-a-link", link("attempts/1", elsewhere), "resume-begin", 2,
-         "1: is a symbolic link"),
-    Case("resume-moves-a-planted-link-as-a-link", link("summary.json", secret), "resume-begin",
-         0, "began", after=moved_as_link),
+         "attempts/1 (a symbolic link"),
+    Case("resume-torchrun-log-folder-is-a-link", link(f"{NODE}/torchrun", elsewhere),
+         "resume-begin", 2, f"{NODE}/torchrun (a symbolic link"),
+    Case("resume-hang-folder-is-a-link", link(f"{NODE}/hang", elsewhere), RESUME_DRY, 2,
+         f"{NODE}/hang (a symbolic link"),
+    Case("resume-fifo-where-nccl-writes", fifo(f"{NODE}/nccl-debug.h.1.log"), RESUME_DRY, 2,
+         f"{NODE}/nccl-debug.h.1.log (a FIFO)"),
+    Case("resume-keeps-nccls-own-pipe", fifo(f"{NODE}/hang/nccl-trace.rank0.pipe"), RESUME_DRY,
+         0, "resuming run r1 from checkpoint step 10"),
     Case("runs-lists-a-linked-folder-as-refused-without-reading-it",
          lambda root, outside: (root.parent / "r2").symlink_to(fake_run(outside)), RUNS, 0,
          ["r2", "refused", "is a symbolic link"], runs=["r0-good", RUN]),
@@ -240,32 +270,23 @@ def test_a_node_log_planted_as_a_link_stops_a_resume_before_anything_starts(
     """A real `--resume` (no --dry-run): the attempt begins, then the node's log is opened
     for appending; a link there is refused before any process starts."""
     case = Case("resume-node-log-is-a-link", link(f"{NODE}/node.log", secret),
-                ["run", "--resume", RUN, "--local"], 2, "node.log: is a symbolic link")
+                ["run", "--resume", RUN, "--local"], 2, f"{NODE}/node.log (a symbolic link")
     run_case(case, tmp_path, monkeypatch, capsys)
 
 
+def test_the_attempt_move_itself_moves_a_link_as_a_link(tmp_path):
+    """Below the refusal, the move never follows a link either (safefile.move)."""
+    from launcher.runfolder import RunFolder
+
+    root = make_run(tmp_path / "runs", checkpoint=False)
+    (tmp_path / "secret.txt").write_text(SECRET)
+    (root / "summary.json").unlink()
+    (root / "summary.json").symlink_to(tmp_path / "secret.txt")
+    assert RunFolder(root).begin_attempt() == 2
+    moved_as_link(root, tmp_path)
+
+
 # ---- class 2: FIFOs, devices and huge files where small JSON belongs -------------------------
-
-def fifo(name: str):
-    def plant(root: Path, outside: Path) -> None:
-        (root / name).unlink(missing_ok=True)
-        os.mkfifo(root / name)
-    return plant
-
-
-def sparse(name: str):
-    def plant(root: Path, outside: Path) -> None:
-        with open(root / name, "wb") as f:
-            f.truncate(4 << 30)   # 4 GB, no disk used
-    return plant
-
-
-def dev_zero(name: str):
-    def plant(root: Path, outside: Path) -> None:
-        (root / name).unlink(missing_ok=True)
-        (root / name).symlink_to("/dev/zero")
-    return plant
-
 
 KINDS = {"fifo": (fifo, "FIFO"), "sparse-4g": (sparse, "4294967296 bytes"),
          "dev-zero": (dev_zero, "symbolic link")}
@@ -288,8 +309,7 @@ READS = {
         "launch.json": (2, ["launch.json", "{kind_resume}"]),
         "plan.json": (2, ["plan.json", "{kind_resume}"]),
         "recipe.yml": (2, ["recipe.yml", "{kind}"]),
-        f"{NODE}/checkpoints/step-00000010.json": (2, ["step 10", "{kind}",
-                                                      "would start over from step 0"]),
+        f"{NODE}/checkpoints/step-00000010.json": (2, ["step-00000010.json", "{kind}"]),
     }, (0, ["resuming run r1 from checkpoint step 10"])),
 }
 FILES = ["launch.json", "summary.json", "plan.json", f"{NODE}/result.json", "recipe.yml",
@@ -306,12 +326,19 @@ def _words(kind: str, command: str, name: str) -> dict[str, str]:
     return {"kind": said, "kind_resume": resume, "kind_nccl": nccl}
 
 
+def _expected(command: str, name: str, kind: str) -> tuple[int, list[str]]:
+    argv, reads, default = READS[command]
+    code, says = reads.get(name, default)
+    if command == "resume" and kind != "sparse-4g" and name not in ("launch.json", "plan.json"):
+        # A resumed run writes on in its folder: a link or a FIFO anywhere in it is refused.
+        code, says = 2, [FOREIGN, name, "{kind}"]
+    return code, [s.format(**_words(kind, command, name)) for s in says]
+
+
 NOT_REGULAR = [
     Case(f"{command}-{name.replace('/', '-')}-{kind}", KINDS[kind][0](name), argv,
-         *(lambda code, says: (code, [s.format(**_words(kind, command, name)) for s in says]))(
-             *reads.get(name, default)),
-         runs=["r0-good"] if command == "runs" else [])
-    for command, (argv, reads, default) in READS.items()
+         *_expected(command, name, kind), runs=["r0-good"] if command == "runs" else [])
+    for command, (argv, _, _) in READS.items()
     for name in FILES for kind in KINDS
 ]
 
