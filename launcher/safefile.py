@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -130,6 +130,8 @@ def _open_file(path: Path, flags: int, within: Path | None, *, follow: bool, mod
     if within is None:
         try:
             return os.open(path, flags, mode)
+        except NotADirectoryError:
+            raise UnsafeFile(path, "a folder on its path is a file") from None
         except OSError as err:
             raise _explain(path, err) from None
     with _parent_fd(path, within, create=create_dirs) as dfd:
@@ -245,8 +247,10 @@ def read_json(path: str | Path, what: str, *, max_bytes: int, within: Path | Non
                       path)
 
 
-def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int,
-           fill: Callable[[BinaryIO], object] | None = None) -> Path:
+def _write(path: Path, fill: Callable[[BinaryIO], object], within: Path | None,
+           mode: int = 0o644) -> Path:
+    """What `fill(f)` writes, into a temporary file made with O_EXCL|O_NOFOLLOW beside `path`
+    (folders below `within` made as needed), renamed over `path` once whole."""
     tmp = f".{path.name[:100]}.{secrets.token_hex(6)}.tmp"
     with _parent_fd(path, within, create=within is not None) as dfd:
         try:
@@ -255,17 +259,8 @@ def _write(path: Path, chunks: Iterable[bytes], within: Path | None, mode: int,
         except OSError as err:
             raise UnsafeFile(path, f"cannot be written: {err.strerror or err}") from None
         try:
-            if fill is not None:
-                with os.fdopen(fd, "wb") as f:
-                    fill(f)
-            else:
-                try:
-                    for chunk in chunks:
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view):]
-                finally:
-                    os.close(fd)
+            with os.fdopen(fd, "wb") as f:
+                fill(f)
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException as err:
             try:
@@ -285,14 +280,14 @@ def write_bytes(path: str | Path, data: bytes, *, within: Path | None = None,
     """`data` into `path` through a fresh temporary file in the same folder (created with
     O_EXCL|O_NOFOLLOW, renamed over `path`): whatever `path` was (a link, a FIFO), it is
     replaced, never written through. Folders below `within` are made as needed."""
-    return _write(Path(path), [data], within, mode)
+    return _write(Path(path), lambda f: f.write(data), within, mode)
 
 
 def write_with(path: str | Path, write: Callable[[BinaryIO], object], *, within: Path,
                mode: int = 0o644) -> Path:
     """What `write(f)` writes (a download, a stream) into `path`, with the rules of
     write_bytes: a fresh temporary file renamed over the target, no link followed."""
-    return _write(Path(path), [], within, mode, fill=write)
+    return _write(Path(path), write, within, mode)
 
 
 def write_text(path: str | Path, text: str, *, within: Path | None = None,
@@ -347,7 +342,11 @@ def copy(src: str | Path, dst: str | Path, what: str, *, max_bytes: int,
         if info.st_size > max_bytes:
             raise UnsafeFile(src, f"is {info.st_size} bytes; a {what} is at most "
                                   f"{max_bytes} bytes")
-        return _write(dst, _chunks(fd, src, max_bytes), within, 0o644)
+        def fill(f: BinaryIO) -> None:
+            for chunk in _chunks(fd, src, max_bytes):
+                f.write(chunk)
+
+        return _write(dst, fill, within)
 
 
 def lstat(path: str | Path, *, within: Path) -> os.stat_result | None:
@@ -356,9 +355,10 @@ def lstat(path: str | Path, *, within: Path) -> os.stat_result | None:
     path = Path(path)
     try:
         with _parent_fd(path, within) as dfd:
-            return os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
+            try:
+                return os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+            except OSError as err:
+                raise _explain(path, err) from None
     except UnsafeFile as err:
         if err.missing:
             return None
@@ -379,7 +379,10 @@ def listdir(path: str | Path, *, within: Path) -> list[str]:
     path = Path(path)
     try:
         with _parent_fd(path / "_", within) as dfd:
-            return sorted(os.listdir(dfd))
+            try:
+                return sorted(os.listdir(dfd))
+            except OSError as err:
+                raise _explain(path, err) from None
     except UnsafeFile as err:
         if err.missing:
             return []
@@ -391,9 +394,16 @@ def foreign_entries(folder: str | Path, *, within: Path, fifos: re.Pattern | Non
     """Every symbolic link, FIFO, socket or device in the tree of `folder` (below `within`),
     as 'relative/path (what)', but FIFOs whose relative path `fifos` matches whole. Walked
     with no link followed; more than `limit` entries is itself a finding."""
+    folder = Path(folder)
+    try:
+        return _foreign(folder, within, fifos, limit)
+    except OSError as err:   # a folder unreadable, or changing while it is walked
+        raise UnsafeFile(folder, f"cannot be walked: {err.strerror or err}") from None
+
+
+def _foreign(folder: Path, within: Path, fifos: re.Pattern | None, limit: int) -> list[str]:
     found: list[str] = []
     seen = 0
-    folder = Path(folder)
     with _parent_fd(folder / "_", within) as top:
         stack = [(os.dup(top), "")]
         try:
