@@ -18,7 +18,6 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from launcher import safefile
 from launcher.errors import LauncherError
