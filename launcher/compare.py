@@ -19,6 +19,7 @@ from launcher import catalog
 from launcher.errors import LauncherError
 from launcher.report import build_report
 from launcher.runfolder import RECIPE_COPY
+from launcher.runschema import PlanRecord, SummaryRecord, read_record
 from launcher.table import format_table
 from launcher.yamlfile import load_yaml_file
 
@@ -41,10 +42,12 @@ class RunFacts:
         return self.report.get("training") or {}
 
 
-def _json(path: Path) -> Any:
+def _json(model, path: Path) -> Any:
+    """A run folder's file as launch reads them (launcher/runschema.py), or None."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_record(model, path, within=path.parent.parent).model_dump(
+            exclude_unset=True)
+    except LauncherError:
         return None
 
 
@@ -53,12 +56,12 @@ def load_run(run_dir: str | Path, label: str) -> RunFacts:
     run_dir = Path(run_dir)
     try:
         report = build_report(run_dir)
-        plan = _json(run_dir / "plan.json") or {}
+        plan = _json(PlanRecord, run_dir / "plan.json") or {}
         types = [n.get("instance_type") for n in plan.get("nodes") or []]
     except (KeyError, TypeError, AttributeError, IndexError) as err:
         raise CompareError(f"{run_dir}: plan.json or summary.json is not what launch writes "
                            f"({type(err).__name__}: {err})") from None
-    summary = _json(run_dir / "summary.json")
+    summary = _json(SummaryRecord, run_dir / "summary.json")
     recipe = None
     if (run_dir / RECIPE_COPY).is_file():
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,8 +23,9 @@ import yaml
 
 from launcher.ansible_inventory import MAGIC as _MAGIC
 from launcher.errors import InventoryError
-from launcher.names import component_problem
-from launcher.yamlfile import YamlFileError, load_yaml_text, read_text_file, shorten
+from launcher.inventory_files import check_inventory_files
+from launcher.names import component_problem, name_problem
+from launcher.yamlfile import shorten
 
 # Keys launch reads from a host (or from all.vars). Ansible's own keys keep their names.
 KNOWN_KEYS = {
@@ -43,7 +43,6 @@ KNOWN_KEYS = {
     "launch_env_file": "KEY=VALUE file every rank gets (default /etc/launch/nccl.env, written "
                        "by `launch setup` on EFA nodes)",
 }
-_IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 @dataclass(frozen=True)
@@ -109,9 +108,10 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
     private = _address(path, name, "private_ip", hostvars.get("private_ip") or address)
     gpus, cpus = hostvars.get("gpus"), hostvars.get("cpus")
     interface = _text(path, name, "launch_interface", hostvars.get("launch_interface"))
-    if interface is not None and not _IFACE.match(interface):
+    why = None if interface is None else name_problem("network interface name", interface)
+    if why:
         raise InventoryError(path, name, f"launch_interface {shorten(interface)} is not a "
-                                         "network interface name")
+                                         f"network interface name: {why}")
     extra = {k: v for k, v in hostvars.items() if k not in KNOWN_KEYS and k not in _MAGIC}
     return Node(
         name=name,
@@ -132,50 +132,6 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
         or "/etc/launch/nccl.env",
         extra=extra,
     )
-
-
-def _check_file(path: str) -> None:
-    """Before Ansible reads it: a small text file (or a folder of them), and for YAML no
-    duplicate keys, alias bombs or absurd nesting (Ansible would only warn, or hang)."""
-    target = Path(path)
-    if target.is_dir():
-        return  # an inventory folder: Ansible reads its files
-    try:
-        text = read_text_file(path, "inventory")
-        if target.suffix in (".yml", ".yaml") or text.lstrip().startswith(("all:", "---")):
-            data = load_yaml_text(text, path)
-        else:
-            return
-    except YamlFileError as err:
-        raise InventoryError(path, None, err.why) from None
-    if not isinstance(data, dict):
-        raise InventoryError(path, None, "a YAML inventory is a mapping of groups (all: hosts: "
-                                         "...); see `launch init` for an example")
-    for name, group in data.items():
-        _check_group(path, str(name), group)
-
-
-def _check_group(path: str, where: str, group: Any) -> None:
-    """The shape of one YAML inventory group: Ansible accepts some wrong shapes silently
-    (children: x) and crashes on others."""
-    if group is None:
-        return
-    if not isinstance(group, dict):
-        raise InventoryError(path, None, f"{where} must be a mapping with hosts, vars or "
-                                         f"children, got {shorten(group)}")
-    for key, value in group.items():
-        if key not in ("hosts", "vars", "children"):
-            raise InventoryError(path, None, f"{where}.{key}: unknown key (a group holds "
-                                             "hosts, vars and children)")
-        if value is not None and not isinstance(value, dict):
-            raise InventoryError(path, None, f"{where}.{key} must be a mapping, got "
-                                             f"{shorten(value)}")
-    for host, hostvars in (group.get("hosts") or {}).items():
-        if hostvars is not None and not isinstance(hostvars, dict):
-            raise InventoryError(path, str(host), "host variables must be a mapping, got "
-                                                  f"{shorten(hostvars)}")
-    for child, sub in (group.get("children") or {}).items():
-        _check_group(path, f"{where}.children.{child}", sub)
 
 
 def _ansible_hosts(path: str, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -239,7 +195,7 @@ def load_inventory(path: str | Path, limit: str | None = None,
     path = str(path)
     if not Path(path).exists():
         raise InventoryError(path, None, "cannot read the inventory: no such file or folder")
-    _check_file(path)
+    check_inventory_files(path)
     entries = _ansible_hosts(path, limit)
     if not entries:
         raise InventoryError(path, None, "the inventory lists no hosts (see `launch init` "

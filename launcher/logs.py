@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from launcher.safefile import open_append
+
 # torchrun --tee prefixes worker lines with "[<role><local_rank>]:" (role is "default").
 _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<rank>\d+)\]:(?P<text>.*)$")
 # train/main.py rank 0: "step 20/330 epoch 0 loss 1.2345 lr ... step_time 0.120s 534.6 img/s"
@@ -109,8 +111,10 @@ class LineRouter:
         self.steps = steps
         self._files: dict[str, TextIO] = {}
         for node, path in logs.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[node] = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+            # <run folder>/<node>/node.log (RunFolder.node_log): the node's folder and its log
+            # may have been planted as links or FIFOs (a resumed run's folder): refused, never
+            # followed or waited on.
+            self._files[node] = open_append(path, within=path.parent.parent.parent)
         self._tail = {node: deque(maxlen=keep) for node in logs}
         self._muted: dict[str, int] = {}
         self._hidden_before: dict[str, int] = {}   # muted lines of earlier starts (restarts)

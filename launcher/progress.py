@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from launcher.safefile import open_append
 from train.options import STRAGGLER_INTERVALS, STRAGGLER_THRESHOLD
 
 STEP_LINE = re.compile(r"^LAUNCH_STEP\s+(?P<fields>.*)$")
@@ -92,7 +93,8 @@ class StepLines:
     def record_to(self, run_dir: Path, head: str) -> None:
         """Keep the head node's local rank 0's steps in progress.jsonl (the run page plots
         them)."""
-        self._record = open(run_dir / PROGRESS_FILE, "a", buffering=1)  # noqa: SIM115
+        # No link in the run folder is followed (launcher/safefile.py).
+        self._record = open_append(run_dir / PROGRESS_FILE, within=run_dir.parent)
         self._record_key = (head, "0")
 
     def line(self, node: str, rank: str, text: str) -> None:

@@ -9,7 +9,6 @@ here, with the file and the key path, instead of at step 1 on a cluster that bil
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -17,6 +16,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
                       field_validator, model_validator)
 
 from launcher.errors import RecipeError
+from launcher.names import control_problem, name_problem
+from launcher.sbatch_args import SbatchArgError, normalize
 from launcher.yamlfile import YamlFileError, load_yaml_file, shorten
 from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, COMM_HOOKS, MODELS, PRECISIONS,
                            auto_trial_steps, lr_warmup_steps)
@@ -24,13 +25,6 @@ from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, COMM_HOOKS, MODELS,
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
 VIT_WIDTH_HEADS = {"vit_tiny": (192, 3), "vit_s16": (384, 6), "vit_b16": (768, 12)}
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# A Python module path as `python -m` takes it: dotted identifiers.
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-# Control characters (a newline hidden in a path, an escape sequence): never in a name, a path
-# or an argument launch prints, ships or hands to a process.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_ARGS = 4096
 MAX_ARG = 64 * 1024
 MAX_SETUP = 64
@@ -68,6 +62,18 @@ def reserved_env_reason(name: str) -> str | None:
     for prefix, why in RESERVED_ENV.items():
         if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
             return why
+    return None
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a recipe may not set the environment variable `name` (the one rule for the recipe's
+    env: and for sbatch's --export), or None."""
+    why = name_problem("environment variable name", name)
+    if why:
+        return f"{shorten(name)} is not a valid environment variable name: {why}"
+    reserved = reserved_env_reason(name)
+    if reserved:
+        return f"{name} is set by launch and cannot come from a recipe ({reserved})"
     return None
 
 
@@ -182,46 +188,11 @@ class Gate(_Strict):
     min_busbw_gbs: Number | None = Field(None, gt=0, allow_inf_nan=False)
 
 
-# Slurm's own spellings: a partition list "gpu,gpu-spot", an account, a time limit in one of
-# sbatch's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, UNLIMITED).
-_SLURM_NAMES = re.compile(r"^[A-Za-z0-9_.-]{1,128}(,[A-Za-z0-9_.-]{1,128}){0,31}$")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-_SLURM_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
-# What launch itself puts on the sbatch command line: a recipe setting them would break the
-# job's shape (one task per node, the run folder) or the run's bookkeeping.
-SBATCH_OWN = {
-    "--nodes": "use --nodes / the recipe's nodes", "-N": "use --nodes / the recipe's nodes",
-    "--ntasks": "launch runs one task per node", "-n": "launch runs one task per node",
-    "--ntasks-per-node": "launch runs one task per node",
-    "--output": "the job's output goes to the run folder",
-    "-o": "the job's output goes to the run folder",
-    "--error": "the job's output goes to the run folder",
-    "-e": "the job's output goes to the run folder",
-    "--chdir": "the job runs in the run folder", "-D": "the job runs in the run folder",
-    "--job-name": "the job is named by the run id", "-J": "the job is named by the run id",
-    "--parsable": "launch reads the job id with it", "--wrap": "launch writes the script",
-    "--array": "one run is one job", "-a": "one run is one job",
-    "--requeue": "one run is one attempt",
-    "--partition": "use slurm.partition", "-p": "use slurm.partition",
-    "--account": "use slurm.account", "-A": "use slurm.account",
-    "--time": "use slurm.time", "-t": "use slurm.time",
-    "--gpus-per-node": "use slurm.gpus_per_node",
-    "--exclusive": "use slurm.exclusive",
-}
-
-
-def sbatch_arg_problem(arg: str) -> str | None:
-    """Why an extra sbatch argument cannot be passed as given, or None."""
-    if not arg.startswith("-") or arg in ("-", "--"):
-        return (f"{shorten(arg)} is not an sbatch option: give each option as one item, with "
-                "its value after '=' (e.g. --qos=high)")
-    if "\n" in arg or "\0" in arg or len(arg) > 4096:
-        return f"{shorten(arg)}: an option must be one line of at most 4096 characters"
-    name = arg.split("=", 1)[0]
-    for own, why in SBATCH_OWN.items():
-        if name == own or (len(own) == 2 and name.startswith(own) and not arg.startswith("--")):
-            return f"{own} is set by launch ({why})"
-    return None
+def _slurm_name(kind: str, value: str | None) -> str | None:
+    why = None if value is None else name_problem(kind, value)
+    if why:
+        raise ValueError(f"{shorten(value)} is not a {kind}: {why}")
+    return value
 
 
 class Slurm(_Strict):
@@ -242,42 +213,34 @@ class Slurm(_Strict):
     @field_validator("partition")
     @classmethod
     def _partition(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_NAMES.match(value):
-            raise ValueError(f"{shorten(value)} is not a Slurm partition name (letters, digits, "
-                             "'_', '.', '-'; several separated by commas)")
-        return value
+        return _slurm_name("Slurm partition name", value)
 
     @field_validator("account")
     @classmethod
     def _account(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_NAME.match(value):
-            raise ValueError(f"{shorten(value)} is not a Slurm account name (letters, digits, "
-                             "'_', '.', '-')")
-        return value
+        return _slurm_name("Slurm account name", value)
 
     @field_validator("time")
     @classmethod
     def _time(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TIME.match(value):
-            raise ValueError(f"{shorten(value)} is not a Slurm time limit: use HH:MM:SS, "
-                             "minutes, D-HH:MM:SS or UNLIMITED")
-        return value
+        return _slurm_name("Slurm time limit", value)
 
     @field_validator("python")
     @classmethod
     def _python(cls, value: str) -> str:
-        if not value.strip() or "\n" in value or "\0" in value or len(value) > 4096:
+        if not value.strip() or len(value) > 4096 or any(ord(c) < 32 for c in value):
             raise ValueError("expected the interpreter's name or path on the compute nodes")
         return value
 
     @field_validator("sbatch_args")
     @classmethod
     def _sbatch_args(cls, value: list[str]) -> list[str]:
-        for arg in value:
-            problem = sbatch_arg_problem(arg)
-            if problem:
-                raise ValueError(problem)
-        return value
+        # Checked as sbatch reads them, and kept spelled out as checked
+        # (launcher/sbatch_args.py).
+        try:
+            return normalize(value, env_name_problem)
+        except SbatchArgError as err:
+            raise ValueError(str(err)) from None
 
 
 class Checkpoint(_Strict):
@@ -296,7 +259,9 @@ class Checkpoint(_Strict):
 
 
 def _plain_text(value: str, what: str) -> str:
-    if not value or len(value) > MAX_ARG or _CONTROL.search(value):
+    """A path or a word launch prints, ships or hands to a process: never a control character
+    (a newline hidden in it, an escape sequence)."""
+    if not value or len(value) > MAX_ARG or control_problem(value):
         raise ValueError(f"{shorten(value)}: {what} must be non-empty text of at most "
                          f"{MAX_ARG} characters without control characters (newline, tab, NUL)")
     return value
@@ -347,9 +312,9 @@ class Job(_Strict):
     @field_validator("module")
     @classmethod
     def _module(cls, value: str | None) -> str | None:
-        if value is not None and not _MODULE.fullmatch(value):
-            raise ValueError(f"{shorten(value)} is not a Python module name (dotted "
-                             "identifiers, as `python -m` takes it: pkg.train)")
+        why = name_problem("Python module name", value) if value is not None else None
+        if why:
+            raise ValueError(f"{shorten(value)} is not a Python module name: {why}")
         return value
 
     @field_validator("command")
@@ -446,9 +411,9 @@ class Recipe(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _RECIPE_NAME.fullmatch(value):
-            raise ValueError("use up to 64 letters, digits, '.', '_' and '-', starting with a "
-                             "letter or digit (it becomes part of run ids and folder names)")
+        why = name_problem("recipe name", value)
+        if why:
+            raise ValueError(why)
         return value
 
     @field_validator("nproc_per_node", mode="before")
@@ -464,11 +429,9 @@ class Recipe(_Strict):
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key, item in value.items():
-            if not _ENV_NAME.fullmatch(key):
-                raise ValueError(f"{shorten(key)} is not a valid environment variable name")
-            why = reserved_env_reason(key)
+            why = env_name_problem(key)
             if why:
-                raise ValueError(f"{key} is set by launch and cannot come from a recipe ({why})")
+                raise ValueError(why)
             text = str(item)
             if "\0" in text:
                 raise ValueError(f"{key}: the value holds a NUL byte, which no environment "

@@ -3,7 +3,10 @@
 
 It reads only files: the run folder (plan.json, summary.json, metrics.jsonl, each node's
 result.json, nccl-debug.*.log and topology.txt, a bench's bandwidth.json), the node facts that
-`launch setup` fetched ($LAUNCH_HOME/clusters/*/facts/<node>.json) and the catalog. Per node it
+`launch setup` fetched ($LAUNCH_HOME/clusters/*/facts/<node>.json) and the catalog. Every file
+is read through the run folder's schemas (launcher/runschema.py: no link followed inside the
+run folder, sizes capped, a wrong key named) and the report is written through a fresh
+temporary file (launcher/safefile.py): a run folder can be planted or edited. Per node it
 states the interconnect, the NCCL version, network and transports NCCL used, EFA expected
 against used; then the measured bus bandwidth against the link's peak, the training speed and
 the share of step time spent waiting on communication, warnings, and what to change.
@@ -13,16 +16,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from pydantic import BaseModel
+
+from launcher import safefile
 from launcher.errors import LauncherError
 from launcher.nccl import advice
 from launcher.nccl.bench import RESULTS_FILE
 from launcher.nccl.debug_log import NcclDebugLog, parse_debug_logs
-from launcher.nccl.detect import read_text
+from launcher.nccl.detect import MAX_LOG_BYTES
 from launcher.nccl.errors import NcclParseError
 from launcher.nccl.compare import compare, points_of_json
 from launcher.nccl.links import LinkPeak, efa_interfaces, interconnect_class
@@ -31,6 +38,10 @@ from launcher.nccl.topology import Topology, parse_topology
 from launcher.report_html import REPORT_HTML, write_report_html
 from launcher.yamlfile import shorten
 from train.stepsplit import split_of_totals
+from launcher.runschema import (MAX_SMALL, BackendRecord, BandwidthRecord, MetricsLine,
+                                NodeFacts, PlanRecord, ResultRecord, SummaryRecord, read_lines,
+                                read_record)
+from launcher.table import printable
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -47,26 +58,32 @@ class ReportError(LauncherError):
     """A folder that is not a run folder, or a file in it that cannot be read."""
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except OSError as err:
-        raise ReportError(f"{path}: cannot read it: {err.strerror or err}") from None
-    except ValueError as err:
-        raise ReportError(f"{path}: not valid JSON ({err}); the run may have been killed while "
-                          "writing it") from None
-
-
-def _optional_json(path: Path, warnings: list[str]) -> Any:
-    """A file the report can do without: None when absent; when unreadable, None and a
-    warning naming it (a killed run can leave half a file)."""
-    if not path.exists():
+def _record(model: type[BaseModel], path: Path, within: Path | None,
+            warnings: list[str] | None, max_bytes: int | None = None) -> dict | None:
+    """A JSON file as its schema, as a plain dict. `warnings` None: the file is needed (a
+    problem is a ReportError); else a file the report can do without: None when absent, and
+    when unreadable None and a warning naming it (a killed run can leave half a file)."""
+    exists = (safefile.lstat(path, within=within) is not None if within is not None
+              else path.exists())
+    if not exists and warnings is not None:
         return None
     try:
-        return _load_json(path)
-    except ReportError as err:
+        kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
+        return read_record(model, path, within=within, **kwargs).model_dump(exclude_unset=True)
+    except LauncherError as err:
+        if warnings is None:
+            raise ReportError(str(err)) from None
         warnings.append(str(err))
         return None
+
+
+def _log_text(path: Path, within: Path) -> str:
+    """A log or tool output in the run folder; undecodable bytes replaced (logs carry them)."""
+    try:
+        raw = safefile.read_bytes(path, "log", max_bytes=MAX_LOG_BYTES, within=within)
+    except LauncherError as err:
+        raise NcclParseError(str(path), str(err).removeprefix(f"{path}: ")) from None
+    return raw.decode("utf-8", errors="replace")
 
 
 def _rel(path: Path, run_dir: Path) -> str:
@@ -86,8 +103,8 @@ def _node_facts(name: str, dirs: list[Path], warnings: list[str]) -> tuple[Path,
     if not found:
         return None
     path = max(found, key=lambda p: p.stat().st_mtime)
-    data = _optional_json(path, warnings)
-    return (path, data) if isinstance(data, dict) else None
+    data = _record(NodeFacts, path, None, warnings, max_bytes=MAX_SMALL * 16)
+    return (path, data) if data is not None else None
 
 
 USER_JOBS = ("script", "module", "command")
@@ -109,8 +126,9 @@ def _topology(run_dir: Path, name: str, facts: tuple[Path, dict] | None
     """The node's `nvidia-smi topo -m`: a topology.txt in its folder, else the setup facts."""
     path = run_dir / name / "topology.txt"
     try:
-        if path.exists():
-            return parse_topology(read_text(path), str(path)), _rel(path, run_dir), []
+        if safefile.lstat(path, within=run_dir.parent) is not None:
+            return (parse_topology(_log_text(path, run_dir.parent), str(path)),
+                    _rel(path, run_dir), [])
         if facts and facts[1].get("topology"):
             # .../clusters/<cluster>/facts/<node>.json: named without this machine's $HOME
             label = f"setup facts of cluster {facts[0].parent.parent.name}"
@@ -125,13 +143,17 @@ def _nccl_log(run_dir: Path, name: str) -> tuple[NcclDebugLog | None, list[str]]
     the rank died first) are skipped."""
     try:
         sources = []
-        for path in sorted((run_dir / name).glob("nccl-debug.*.log")):
-            text = read_text(path)
+        names = safefile.listdir(run_dir / name, within=run_dir.parent)
+        for path in [run_dir / name / n for n in names if _NCCL_LOG.fullmatch(n)]:
+            text = _log_text(path, run_dir.parent)
             if text.strip():
                 sources.append((_rel(path, run_dir), text))
         return (parse_debug_logs(sources) if sources else None), []
     except NcclParseError as err:
         return None, [f"{name}: NCCL log not read: {err}"]
+
+
+_NCCL_LOG = re.compile(r"nccl-debug\..+\.log")
 
 
 def network_used(log: NcclDebugLog) -> str | None:
@@ -195,19 +217,23 @@ def _bench_folders(run_dir: Path, names: list[str]) -> list[Path]:
     """bandwidth.json measured on the same nodes: this folder's own (a bench), else among its
     sibling run folders the newest all_reduce bench (what DDP's gradients use), else the newest
     of any collective."""
+    runs = run_dir.parent
     own = run_dir / BANDWIDTH_JSON
-    if own.exists():
+    if safefile.lstat(own, within=runs) is not None:
         return [own]
     found = []
-    for path in run_dir.parent.glob(f"*/{BANDWIDTH_JSON}"):
+    for sibling in safefile.listdir(runs, within=runs.parent):
+        path = runs / sibling / BANDWIDTH_JSON
+        info = safefile.lstat(path, within=runs) if sibling != run_dir.name else None
+        if info is None:
+            continue
         try:
-            nodes = [n["name"] for n in json.loads((path.parent / "plan.json").read_text())
-                     ["nodes"]]
-            all_reduce = json.loads(path.read_text()).get("collective") == "all_reduce"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            nodes = read_record(PlanRecord, runs / sibling / "plan.json", within=runs).node_names
+            doc = read_record(BandwidthRecord, path, within=runs)
+        except LauncherError:
             continue  # a folder being written, or not one of ours: not a bench to quote
         if nodes == names:
-            found.append(((all_reduce, path.stat().st_mtime), path))
+            found.append(((doc.collective == "all_reduce", info.st_mtime), path))
     return [max(found)[1]] if found else []
 
 
@@ -218,7 +244,8 @@ def _bandwidth(run_dir: Path, names: list[str], bench: Path | None,
         return {"source": None}, []
     path = paths[0]
     warnings: list[str] = []
-    doc = _optional_json(path, warnings)
+    doc = _record(BandwidthRecord, path, None if bench is not None else run_dir.parent,
+                  warnings)
     if doc is None:
         return {"source": None}, warnings
     itype = doc.get("instance_type") or next((t for t in types if t), None)
@@ -249,7 +276,7 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
     (train/stepsplit.py); `median_step_s` the step behind images/s."""
     rank0 = (summary or {}).get("rank0_node")
     for name in dict.fromkeys([rank0, *names] if rank0 else names):
-        result = _optional_json(run_dir / name / "result.json", warnings)
+        result = _record(ResultRecord, run_dir / name / "result.json", run_dir.parent, warnings)
         if result is not None:
             out = {"source": f"{name}/result.json",
                    "images_per_sec": result.get("images_per_sec"),
@@ -262,14 +289,14 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
                 out["rank_times"] = result.get("rank_times") or []
             return out
     metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
+    if safefile.lstat(metrics, within=run_dir.parent) is None:
         return None
-    records = []
-    for line in read_text(metrics).splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # the line being written when the run was killed
+    try:
+        records = [r.model_dump(exclude_unset=True) for r in read_lines(
+            MetricsLine, metrics, within=run_dir.parent, problems=warnings)]
+    except LauncherError as err:
+        warnings.append(str(err))
+        return None
     if not records:
         return None
     speeds = [r["images_per_sec"] for r in records if r.get("images_per_sec") is not None]
@@ -288,7 +315,8 @@ def _training(run_dir: Path, summary: dict | None, names: list[str],
 def _backend(run_dir: Path, nodes: list[dict]) -> str | None:
     for node in nodes:
         for name in ("result.json", RESULTS_FILE):
-            data = _optional_json(run_dir / node["name"] / name, [])  # _training warns
+            data = _record(BackendRecord, run_dir / node["name"] / name, run_dir.parent,
+                           [])  # _training warns
             if data and data.get("backend"):
                 return data["backend"]
     if not nodes:
@@ -296,18 +324,25 @@ def _backend(run_dir: Path, nodes: list[dict]) -> str | None:
     return "nccl" if any(n.get("gpus") for n in nodes) else "gloo"
 
 
+def run_folder(path: str | Path) -> Path:
+    """The run folder as an absolute path whose last part is the folder itself: never a link
+    (the report is written into it), its parent resolved (a runs folder may be a link)."""
+    path = safefile.check_folder(Path(path), "run folder")
+    return path.absolute().parent.resolve() / path.absolute().name
+
+
 def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
                  facts_from: list[Path] | None = None) -> dict[str, Any]:
     """The report as a JSON-able dict. `bench` names a bandwidth.json to quote (default: the
     folder's own, else the newest sibling bench on the same nodes)."""
-    run_dir = Path(run_dir).resolve()
+    run_dir = run_folder(run_dir)
     plan_path = run_dir / "plan.json"
-    if not plan_path.exists():
+    if safefile.lstat(plan_path, within=run_dir.parent) is None:
         raise ReportError(f"{run_dir}: no plan.json, so not a run folder launch wrote; pass "
                           "runs/<run_id>")
-    plan = _load_json(plan_path)
+    plan = _record(PlanRecord, plan_path, run_dir.parent, None)
     warnings: list[str] = []
-    summary = _optional_json(run_dir / "summary.json", warnings)
+    summary = _record(SummaryRecord, run_dir / "summary.json", run_dir.parent, warnings)
     nodes = plan.get("nodes") or []
     names = [n["name"] for n in nodes]
     dirs = facts_dirs() if facts_from is None else facts_from
@@ -532,7 +567,7 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     if report["warnings"]:
         lines += ["", "## Warnings", ""]
         for warning in report["warnings"]:
-            text = f"- warning: {warning}"
+            text = f"- warning: {printable(warning)}"
             lines.append(f"{RED}{text}{RESET}" if color else text)
     lines += ["", "## What to change", ""]
     if report["advice"]:
@@ -541,7 +576,14 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
         lines.append("- see the warnings above")
     else:
         lines.append("- nothing: no sign that the links hold this run back")
-    return "\n".join(lines) + "\n"
+    # Text from the run folder's files (names, reasons, NCCL's words) reaches the terminal:
+    # control characters are shown escaped; the warnings' own colour is added above.
+    return "\n".join(line if line.startswith(RED) else printable(line)
+                     for line in lines) + "\n"
+
+
+def _s(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.4f} s"
 
 
 def _job_lines(job: dict) -> list[str]:
@@ -632,19 +674,16 @@ def checked_report(run_dir: str | Path, *, bench: str | Path | None = None) -> d
 def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:
     """Writes report.json, report.md and report.html into the run folder; returns the
     report."""
-    run_dir = Path(run_dir)
+    run_dir = run_folder(run_dir)
     report = checked_report(run_dir, bench=bench)
+    markdown = render_markdown(report)
     try:
-        markdown = render_markdown(report)
         for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"),
                            (REPORT_MD, markdown)):
-            tmp = run_dir / f"{name}.tmp"
-            tmp.write_text(text)
-            tmp.replace(run_dir / name)
+            safefile.write_text(run_dir / name, text, within=run_dir.parent)
         write_report_html(run_dir, report, markdown)
-    except OSError as err:
-        raise ReportError(f"{run_dir}: cannot write the report there: "
-                          f"{err.strerror or err}") from None
+    except LauncherError as err:
+        raise ReportError(f"{run_dir}: cannot write the report there: {err}") from None
     return report
 
 
@@ -656,8 +695,8 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
     stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}; with plots: "
                  f"{Path(run_dir) / REPORT_HTML}\n")
     for warning in report["warnings"]:
-        text = f"launch: warning: {warning}"
+        text = f"launch: warning: {printable(warning)}"
         stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")
     for item in report["advice"]:
-        stream.write(f"launch: advice: {item}\n")
+        stream.write(f"launch: advice: {printable(item)}\n")
     stream.flush()

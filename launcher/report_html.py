@@ -9,40 +9,39 @@ duration, each node's exit and the restart history. One self-contained file (lau
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from launcher import page
 from launcher import report_plots as plots
+from launcher.errors import LauncherError
 from launcher.progress import PROGRESS_FILE
+from launcher.runschema import (BandwidthRecord, MetricsLine, ProgressLine, SummaryRecord,
+                                read_lines, read_record)
 
 REPORT_HTML = "report.html"
 
 
-def _json(path: Path) -> Any:
-    """A file the page can do without (report.py already warned about an unreadable one)."""
+def _json(model: type[BaseModel], path: Path, within: Path | None) -> dict | None:
+    """A file the page can do without, read as launch reads run folders (launcher/safefile.py,
+    launcher/runschema.py: no link followed, no FIFO waited on, a wrong key refused); report.py
+    already warned about an unreadable one."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_record(model, path, within=within).model_dump(exclude_unset=True)
+    except LauncherError:
         return None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records; a line cut short by a killed run is skipped."""
+def read_metrics(path: Path, model: type[BaseModel] = MetricsLine) -> list[dict[str, Any]]:
+    """metrics.jsonl's (or progress.jsonl's) records; a line cut short by a killed run, or
+    one that is not what launch writes, is skipped."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
+        return [r.model_dump(exclude_unset=True)
+                for r in read_lines(model, path, within=path.parent.parent)]
+    except LauncherError:
         return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def _num(value: Any) -> bool:
@@ -127,7 +126,8 @@ def _exits(summary: dict) -> str:
 def _curves(run_dir: Path, report: dict) -> list[plots.Attempt]:
     """The logged steps: the trainer's metrics.jsonl, or a user's job's progress.jsonl."""
     if report["workload"] == "job":
-        return plots.attempts(plots.job_records(read_metrics(run_dir / PROGRESS_FILE)),
+        return plots.attempts(plots.job_records(read_metrics(run_dir / PROGRESS_FILE,
+                                                             ProgressLine)),
                               clock_per_attempt=False)
     return plots.attempts(read_metrics(run_dir / "metrics.jsonl"))
 
@@ -185,7 +185,7 @@ def _comm_parts(report: dict, runs: list[plots.Attempt]) -> list[str]:
 
 def _bandwidth_parts(run_dir: Path, report: dict) -> list[str]:
     bw = report["bandwidth"]
-    doc = _json(run_dir / bw["source"]) if bw.get("source") else None
+    doc = _json(BandwidthRecord, run_dir / bw["source"], None) if bw.get("source") else None
     return [_plot("plot-bandwidth", plots.bandwidth_plot(
         doc if isinstance(doc, dict) else None, bw.get("compared"), bw.get("source") or ""))]
 
@@ -213,7 +213,7 @@ def _linker(run_dir: Path):
 def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     """The page of `report` (launcher.report.build_report) and its report.md text."""
     run_dir = Path(run_dir)
-    summary = _json(run_dir / "summary.json")
+    summary = _json(SummaryRecord, run_dir / "summary.json", run_dir.parent)
     summary = summary if isinstance(summary, dict) else {}
     runs = _curves(run_dir, report)
     _, sections = page.markdown_sections(markdown)

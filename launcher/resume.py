@@ -5,19 +5,27 @@ report move to attempts/<n>/; node logs are appended to), on the same nodes, wit
 the run started with (its copy, runs/<id>/recipe.yml) or one given on the command line. Before
 anything is moved or started, the checkpoint's settings (train/checkpoint_files.py .json) are
 compared with the recipe's: a change that would load weights of another shape, another data
-order, another world size or another compression state is refused, key by key.
+order, another world size or another compression state is refused, key by key. Every file is
+read through the run folder's schemas (launcher/runschema.py), and a checkpoint counts only
+when the trainer could load it too: its .json whole, its .pt a plain file of the size the
+.json records that starts as torch.save's archive does. Otherwise launch would say "resuming
+from step N" while the trainer skipped the file and started over from step 0.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import re
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from launcher import safefile
 from launcher.errors import LauncherError
-from launcher.recipe import Recipe, load_recipe
+from launcher.recipe import Recipe, load_recipe, recipe_from_mapping
 from launcher.runfolder import RECIPE_COPY, RunFolder
+from launcher.runschema import MAX_SMALL, CheckpointMeta, PlanRecord, read_record
+from launcher.yamlfile import MAX_BYTES as MAX_RECIPE
+from launcher.yamlfile import YamlFileError, load_yaml_text
 from train import checkpoint_files
 from train.options import resume_signature
 
@@ -29,41 +37,91 @@ class ResumeError(LauncherError):
 @dataclass
 class ResumePoint:
     folder: RunFolder
-    previous_plan: dict[str, Any]
+    previous_plan: PlanRecord
     recipe: Recipe
     checkpoint: checkpoint_files.CheckpointFile | None
+    # Checkpoints newer than `checkpoint` that the trainer could not load, and why.
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def node_names(self) -> list[str]:
-        return [n["name"] for n in self.previous_plan.get("nodes", [])]
+        return self.previous_plan.node_names
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.folder.node_dir(self.node_names[0]) / checkpoint_files.CHECKPOINT_DIR
 
 
+_CHECKPOINT_JSON = re.compile(r"step-([0-9]{8,18})\.json")
+
+
+def _archive_problem(path: Path, meta: CheckpointMeta, within: Path) -> str | None:
+    """Why the trainer could not load the .pt, as far as launch can tell without unpickling
+    it: a plain file of the recorded size whose first member is torch.save's data.pkl."""
+    info = safefile.lstat(path, within=within)
+    if info is None:
+        return f"{path.name} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path.name} is not a plain file"
+    if info.st_size != meta.bytes:
+        return f"{path.name} is {info.st_size} bytes, its .json says {meta.bytes}"
+    head = safefile.read_head(path, "checkpoint", 4096, within=within)
+    name_len = int.from_bytes(head[26:28], "little") if len(head) >= 30 else 0
+    name = head[30:30 + name_len]
+    if head[:4] != b"PK\x03\x04" or not (name == b"data.pkl" or name.endswith(b"/data.pkl")):
+        return f"{path.name} is not a torch.save archive"
+    return None
+
+
+def resumable_checkpoint(folder: RunFolder, ckpt_dir: Path
+                         ) -> tuple[checkpoint_files.CheckpointFile | None, list[str]]:
+    """The newest checkpoint in `ckpt_dir` the trainer could load, and why each newer one
+    could not be."""
+    skipped = []
+    names = [n for n in safefile.listdir(ckpt_dir, within=folder.runs)
+             if _CHECKPOINT_JSON.fullmatch(n)]
+    for name in sorted(names, reverse=True):
+        step = int(_CHECKPOINT_JSON.fullmatch(name)[1])
+        try:
+            meta = read_record(CheckpointMeta, ckpt_dir / name, within=folder.runs,
+                               max_bytes=MAX_SMALL)
+        except LauncherError as err:
+            skipped.append(f"step {step}: {err}")
+            continue
+        state = ckpt_dir / f"{name.removesuffix('.json')}.pt"
+        problem = (f"its .json says step {meta.step}" if meta.step != step else
+                   f"its .json names {meta.file!r}" if meta.file != state.name else
+                   _archive_problem(state, meta, folder.runs))
+        if problem:
+            skipped.append(f"step {step}: {problem}")
+            continue
+        return checkpoint_files.CheckpointFile(step, state, meta.model_dump()), skipped
+    return None, skipped
+
+
 def find_resume_point(runs_dir: str, run_id: str, recipe_arg: str | None) -> ResumePoint:
     folder = RunFolder.existing(runs_dir, run_id)
-    try:
-        previous = json.loads((folder.root / "plan.json").read_text())
-    except (OSError, ValueError) as err:
-        raise ResumeError(f"--resume {run_id}: cannot read {folder.root / 'plan.json'}: {err}"
-                          ) from None
+    previous = folder.read(PlanRecord, "plan.json")
     if recipe_arg is None:
         copy = folder.root / RECIPE_COPY
-        if not copy.is_file():
+        if safefile.lstat(copy, within=folder.runs) is None:
             raise ResumeError(f"--resume {run_id}: the run folder keeps no copy of its recipe "
                               f"({copy}); give the recipe: launch run RECIPE --resume {run_id}")
+        text = safefile.read_text(copy, "recipe", max_bytes=MAX_RECIPE, within=folder.runs)
         # Its relative paths (workdir) start where the original recipe was.
-        base = (previous.get("recipe") or {}).get("base_dir") if isinstance(previous, dict) \
-            else None
-        recipe = load_recipe(copy, base_dir=base if isinstance(base, str) else None)
+        base = previous.recipe.base_dir if previous.recipe is not None else None
+        try:
+            recipe = recipe_from_mapping(load_yaml_text(text, str(copy)), str(copy),
+                                         base or copy.parent)
+        except YamlFileError as err:
+            raise ResumeError(f"--resume {run_id}: {err}") from None
     else:
         recipe = load_recipe(recipe_arg)
     point = ResumePoint(folder, previous, recipe, None)
     if not point.node_names:
         raise ResumeError(f"--resume {run_id}: {folder.root / 'plan.json'} names no nodes")
-    point.checkpoint = checkpoint_files.latest(point.checkpoint_dir)
+    folder.launch_record()   # a launch.json that is not launch's is refused before anything
+    point.checkpoint, point.skipped = resumable_checkpoint(folder, point.checkpoint_dir)
     return point
 
 
@@ -95,14 +153,17 @@ def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_siz
                           "the trainer would neither load nor write checkpoints; resume with "
                           "the recipe the run started with")
     found = point.checkpoint
+    skipped = "".join(f"\n  not loadable, {why}" for why in point.skipped)
     if found is None:
         where = point.checkpoint_dir
         if checkpoint_must_be_here:
-            raise ResumeError(f"--resume {run_id}: no complete checkpoint in {where}: the run "
-                              "stopped before its first one. Start a new run instead")
+            why = ("the run stopped before its first one" if not point.skipped else
+                   "the trainer would start over from step 0")
+            raise ResumeError(f"--resume {run_id}: no complete checkpoint in {where}: {why}. "
+                              f"Start a new run instead{skipped}")
         return [f"no checkpoint fetched into {where}; the head's own folder is checked when "
-                "the trainer starts"]
-    saved = found.meta.get("signature") or {}
+                f"the trainer starts{skipped}"]
+    saved = found.meta["signature"]
     now = resume_signature(recipe.model_dump(), world_size)
     problems = [f"{key}: the checkpoint has {saved.get(key)!r}, this run {value!r}"
                 for key, value in now.items() if saved.get(key) != value]
@@ -111,4 +172,5 @@ def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_siz
             f"--resume {run_id}: checkpoint {found.state} was written under other settings "
             f"than {recipe.source}, and cannot be continued:\n  " + "\n  ".join(problems)
             + "\nResume with the recipe the run started with, or start a new run")
-    return [f"resuming run {run_id} from checkpoint step {found.step} ({found.state})"]
+    return [f"resuming run {run_id} from checkpoint step {found.step} ({found.state})"
+            + skipped]

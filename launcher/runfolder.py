@@ -16,27 +16,27 @@
       attempts/<n>/       an earlier attempt's plan, summary and report (`--resume`)
       code.json           (-i runs) the hash of the code every node ran
       report.md/.json     interconnect, transports, bus bandwidth, communication share, advice
-      report.html         the same report as a page with plots (launcher/report_html.py)
       bandwidth.*         (launch bench) the sweep as a table, JSON and a plot
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
-import shutil
 import socket
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from launcher import safefile
 from launcher.errors import LauncherError
-from launcher.names import path_component
-from launcher.yamlfile import shorten
+from launcher.names import RULES, check_name, path_component
+from launcher.runschema import (MAX_RECORD, MAX_SMALL, LaunchRecord, ResultRecord,
+                                SummaryRecord, read_record)
+from launcher.yamlfile import MAX_BYTES as MAX_RECIPE
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAUNCH_FILE = "launch.json"
 RECIPE_COPY = "recipe.yml"
 STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
@@ -45,6 +45,10 @@ STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
 # heartbeats are what the next attempt continues from.
 ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "report.html",
                  "metrics.jsonl", "progress.jsonl", "code.json")
+MAX_METRICS = 256 * safefile.MIB
+# The one kind of FIFO a run folder holds: NCCL's flight recorder pipe on GPU ranks, where
+# launcher/plan.py points TORCH_NCCL_DEBUG_INFO_PIPE_FILE (<node>/hang/nccl-trace.rank<r>.pipe).
+_FLIGHT_RECORDER = re.compile(r"[^/]+/hang/nccl-trace\.rank[0-9]+\.pipe")
 
 
 def _now() -> str:
@@ -58,21 +62,24 @@ def new_run_id(prefix: str, now: datetime | None = None) -> str:
     return f"{prefix[:64]}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
-def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
-        raise LauncherError(
-            f"--run-id {shorten(run_id)}: use up to 128 letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit (it names the run folder and the rendezvous)"
-        )
-    return run_id
+def check_run_id(run_id: str, what: str = "--run-id") -> str:
+    return check_name("run id", run_id, what)
 
 
 class RunFolder:
+    """A run folder, and every file launch writes or reads in it: through launcher/safefile.py
+    with the runs folder (the root's parent) as the trusted folder, so that nothing in the run
+    folder, the root itself included, is followed if it is a link."""
+
     def __init__(self, root: Path, stamp: str = ""):
         self.root = root
         # Marks every process of this run (LAUNCH_RUN_STAMP): the run id plus a random token,
         # so that cleanup never reaches another run that happens to share the id.
         self.stamp = stamp
+
+    @property
+    def runs(self) -> Path:
+        return self.root.parent
 
     @staticmethod
     def new_uid() -> str:
@@ -89,10 +96,9 @@ class RunFolder:
     @property
     def uid(self) -> str | None:
         try:
-            value = json.loads((self.root / LAUNCH_FILE).read_text()).get("uid")
-        except (OSError, ValueError, AttributeError):
+            return self.launch_record().uid
+        except LauncherError:
             return None
-        return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{8}", value) else None
 
     @classmethod
     def create(cls, runs_dir: str | Path, run_id: str, uid: str | None = None) -> RunFolder:
@@ -101,65 +107,96 @@ class RunFolder:
         if runs.exists() and not runs.is_dir():
             raise LauncherError(f"--runs-dir {runs} is a file, not a folder")
         root = runs.resolve() / run_id
-        if root.exists():
+        if root.exists() or root.is_symlink():
             raise LauncherError(f"run folder {root} already exists: pass another --run-id "
                                 "(logs of earlier runs are never overwritten)")
         try:
             root.mkdir(parents=True)
+        except FileExistsError:
+            raise LauncherError(f"run folder {root} already exists: pass another --run-id "
+                                "(logs of earlier runs are never overwritten)") from None
         except OSError as err:
             raise LauncherError(f"cannot create the run folder {root} (--runs-dir): "
                                 f"{err.strerror or err}") from None
         folder = cls(root, f"{run_id}.{secrets.token_hex(8)}")
-        folder.write_json(LAUNCH_FILE, {"run_id": run_id, "uid": uid or cls.new_uid(),
-                                        "stamp": folder.stamp, "pid": os.getpid(),
-                                        "host": socket.gethostname(), "started_at": _now(),
-                                        "attempt": 1})
+        folder.write_json(LAUNCH_FILE, folder._launch_doc(run_id, 1, uid or cls.new_uid()))
         return folder
 
     @classmethod
     def existing(cls, runs_dir: str | Path, run_id: str) -> RunFolder:
-        """A run folder launch wrote earlier (for --resume); nothing is changed."""
-        check_run_id(run_id)
+        """A run folder launch wrote earlier (for --resume); nothing is changed. A folder that
+        is a link, or whose launch.json or plan.json is not a plain file, is refused."""
+        check_run_id(run_id, "--resume")
         runs = Path(runs_dir).resolve()
         root = runs / run_id
-        if not (root / LAUNCH_FILE).is_file() or not (root / "plan.json").is_file():
-            known = sorted(p.parent.name for p in runs.glob("*/launch.json"))[-5:]
-            hint = f" (runs there: {', '.join(known)})" if known else ""
-            raise LauncherError(
-                f"--resume {run_id}: no run folder {root} written by launch (launch.json and "
-                f"plan.json); check the run id and --runs-dir{hint}")
-        return cls(root)
+        if root.is_symlink() or root.exists():
+            safefile.check_folder(root, "run folder")   # a link, or not a folder: says so
+            found = [safefile.lstat(root / n, within=runs) for n in (LAUNCH_FILE, "plan.json")]
+            if all(info is not None for info in found):
+                for name, info in zip((LAUNCH_FILE, "plan.json"), found):
+                    if not stat.S_ISREG(info.st_mode):
+                        raise LauncherError(f"--resume {run_id}: {root / name} is not a plain "
+                                            "file (a link, FIFO, device or folder): not a run "
+                                            "folder launch can continue")
+                # The run goes on writing here (node logs, torchrun's, NCCL's, checkpoints,
+                # stacks): nothing in it may lead elsewhere or block a writer.
+                foreign = safefile.foreign_entries(root, within=runs, fifos=_FLIGHT_RECORDER)
+                if foreign:
+                    raise LauncherError(
+                        f"--resume {run_id}: {root} holds what neither launch nor its trainer "
+                        f"makes: {'; '.join(foreign[:5])}"
+                        + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                        + ". Remove them (or copy the real files there) and resume again")
+                return cls(root)
+        known = sorted(name for name in _listing(runs)
+                       if RULES["run id"].problem(name) is None
+                       and safefile.is_file(runs / name / LAUNCH_FILE, within=runs))[-5:]
+        hint = f" (runs there: {', '.join(known)})" if known else ""
+        raise LauncherError(
+            f"--resume {run_id}: no run folder {root} written by launch (launch.json and "
+            f"plan.json, plain files); check the run id and --runs-dir{hint}")
+
+    def _launch_doc(self, run_id: str, attempt: int, uid: str) -> dict[str, Any]:
+        return {"run_id": run_id, "uid": uid, "stamp": self.stamp, "pid": os.getpid(),
+                "host": socket.gethostname(), "started_at": _now(), "attempt": attempt}
+
+    def launch_record(self) -> LaunchRecord:
+        """launch.json as its schema (RunFileError naming the key when it is not)."""
+        return read_record(LaunchRecord, self.root / LAUNCH_FILE, within=self.runs,
+                           max_bytes=MAX_SMALL)
 
     def attempts(self) -> int:
+        """The attempt launch.json records; 1 when it cannot be read (this is asked when a run
+        ends, and must not cost the run its summary: --resume checks strictly first)."""
         try:
-            return int(json.loads((self.root / LAUNCH_FILE).read_text()).get("attempt", 1))
-        except (OSError, ValueError, AttributeError):
+            return self.launch_record().attempt
+        except LauncherError:
             return 1
 
     def begin_attempt(self, also: tuple[str, ...] = ()) -> int:
         """Move the previous attempt's files (and those matching the `also` patterns, relative
         to the folder: a backend's own, e.g. Slurm's per-node exit codes) to attempts/<n>/ and
-        mark a new attempt, with a new process stamp. Returns the new attempt's number."""
-        previous = self.attempts()
+        mark a new attempt, with a new process stamp and the run's uid kept. Returns the new
+        attempt's number. Everything is moved inside the run folder (a planted link moves as
+        the link it is, never followed)."""
+        record = self.launch_record()
+        previous = record.attempt
         keep = self.root / "attempts" / str(previous)
-        keep.mkdir(parents=True, exist_ok=True)
+        safefile.make_dirs(keep, within=self.runs)
         for name in ATTEMPT_FILES:
-            if (self.root / name).exists():
-                (self.root / name).replace(keep / name)
+            if safefile.lstat(self.root / name, within=self.runs) is not None:
+                safefile.move(self.root / name, keep / name, within=self.runs)
         for pattern in also:
             for path in sorted(self.root.glob(pattern)):
-                if path.is_file() and not path.is_symlink() and \
-                        path.relative_to(self.root).parts[0] != "attempts":
-                    target = keep / path.relative_to(self.root)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    path.replace(target)
-        shutil.copy2(self.root / LAUNCH_FILE, keep / LAUNCH_FILE)
-        uid = self.uid or self.new_uid()
+                rel = path.relative_to(self.root)
+                if rel.parts[0] != "attempts" and safefile.is_file(path, within=self.runs):
+                    safefile.make_dirs((keep / rel).parent, within=self.runs)
+                    safefile.move(path, keep / rel, within=self.runs)
+        safefile.copy(self.root / LAUNCH_FILE, keep / LAUNCH_FILE, "launch", max_bytes=MAX_SMALL,
+                      within=self.runs)
         self.stamp = f"{self.root.name}.{secrets.token_hex(8)}"
-        self.write_json(LAUNCH_FILE, {"run_id": self.root.name, "uid": uid,
-                                      "stamp": self.stamp, "pid": os.getpid(),
-                                      "host": socket.gethostname(), "started_at": _now(),
-                                      "attempt": previous + 1})
+        self.write_json(LAUNCH_FILE, self._launch_doc(self.root.name, previous + 1,
+                                                      record.uid or self.new_uid()))
         return previous + 1
 
     def attempt_base(self) -> int:
@@ -169,11 +206,11 @@ class RunFolder:
         for n in range(1, self.attempts()):
             base += 1
             try:
-                summary = json.loads((self.root / "attempts" / str(n) / "summary.json")
-                                     .read_text())
-                base += len(summary.get("restarts") or [])
-            except (OSError, ValueError, AttributeError, TypeError):
+                summary = read_record(SummaryRecord, self.root / "attempts" / str(n) /
+                                      "summary.json", within=self.runs)
+            except LauncherError:
                 continue
+            base += len(summary.restarts)
         return base
 
     @classmethod
@@ -191,15 +228,14 @@ class RunFolder:
         """A copy of the recipe the run started with, once (a resume keeps the first); `text`
         for a recipe that has no file (made from the command line)."""
         target = self.root / RECIPE_COPY
-        if target.exists():
-            return
         try:
-            if text is not None:
-                target.write_text(text)
-            elif Path(source).is_file():
-                shutil.copyfile(source, target)
-        except OSError:
-            pass
+            if safefile.lstat(target, within=self.runs) is not None:
+                return
+            data = text.encode() if text is not None else \
+                safefile.read_bytes(source, "recipe", max_bytes=MAX_RECIPE)
+            safefile.write_bytes(target, data, within=self.runs)
+        except LauncherError:
+            pass   # a bundled recipe's name, or a recipe gone since it was read: no copy
 
     def node_dir(self, node: str) -> Path:
         return self.root / path_component(node, "node name")
@@ -208,28 +244,39 @@ class RunFolder:
         return self.node_dir(node) / "node.log"
 
     def write_json(self, name: str, data: Any) -> Path:
-        path = self.root / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
-        return path
+        return safefile.write_json(self.root / name, data, within=self.runs)
+
+    def read(self, model, name: str, max_bytes: int = MAX_RECORD):
+        """A file of the run folder as its schema (launcher/runschema.py)."""
+        return read_record(model, self.root / name, within=self.runs, max_bytes=max_bytes)
 
     def trainer_result(self, nodes: list[str]) -> tuple[str | None, dict[str, Any]]:
         """The node that held rank 0 wrote result.json; c10d decides which node that is."""
         for node in nodes:
             path = self.node_dir(node) / "result.json"
-            if path.exists():
+            if safefile.lstat(path, within=self.runs) is not None:
                 try:
-                    return node, json.loads(path.read_text())
-                except json.JSONDecodeError:
+                    record = read_record(ResultRecord, path, within=self.runs)
+                except LauncherError:
                     return node, {}
+                return node, record.model_dump(exclude_unset=True)
         return None, {}
 
     def gather_metrics(self, nodes: list[str]) -> Path | None:
         for node in nodes:
             src = self.node_dir(node) / "metrics.jsonl"
-            if src.exists():
-                dst = self.root / "metrics.jsonl"
-                shutil.copyfile(src, dst)
-                return dst
+            if safefile.lstat(src, within=self.runs) is not None:
+                try:
+                    return safefile.copy(src, self.root / "metrics.jsonl", "metrics",
+                                         max_bytes=MAX_METRICS, within=self.runs)
+                except LauncherError:
+                    return None   # the node's own file stays where it is
         return None
+
+
+def _listing(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+

@@ -23,11 +23,16 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
+from launcher import safefile
 from launcher.errors import LauncherError
 from launcher.inventory import Node
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-_HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>\d+))?$")
+# A known_hosts file of 100,000 hosts is a few MB; a private key a few KB. Anything bigger
+# (an inventory naming /dev/zero grew launch to 3 GB) is not one.
+MAX_KNOWN_HOSTS = 64 * safefile.MIB
+MAX_KEY_FILE = 1 * safefile.MIB
+_HOP = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>[0-9]+))?")
 # ssh flags that take no value, so a ProxyCommand's destination can be told from its options.
 _SSH_FLAGS = set("46AaCfGgKkMNnqsTtVvXxYy")
 
@@ -133,7 +138,7 @@ class _Hop:
 
 
 def _parse_hop(text: str) -> _Hop | None:
-    m = _HOP.match(text.strip())
+    m = _HOP.fullmatch(text.strip())
     if not m:
         return None
     return _Hop(m.group("host"), int(m.group("port") or 22), m.group("user"))
@@ -185,6 +190,29 @@ def parse_proxy_command(command: str) -> _Hop | None:
     if hop is None:
         return None
     return _Hop(hop.host, port if port != 22 else hop.port, hop.user or user, key, known)
+
+
+def load_known_hosts(client: paramiko.SSHClient, path: Path, host: str) -> None:
+    """The known_hosts file's keys into the client, read as a regular file of bounded size (a
+    FIFO or a device named by an inventory would hang or swamp paramiko's own reader), then
+    parsed line by line as paramiko's HostKeys.load does."""
+    try:
+        text = safefile.read_bytes(path, "known_hosts", max_bytes=MAX_KNOWN_HOSTS).decode(
+            "utf-8", errors="replace")
+    except safefile.UnsafeFile as err:
+        raise HostProblem(host, f"known_hosts {err}") from None
+    keys = client.get_host_keys()
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+        except paramiko.SSHException:
+            continue
+        if entry is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
 
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
@@ -292,12 +320,16 @@ def connect(node: Node, options: SshOptions) -> Connection:
         if not key.exists():
             raise HostProblem(node.name, f"private key {key} (ansible_ssh_private_key_file) "
                                          "does not exist")
+        try:   # paramiko reads it itself: a FIFO or a device must not reach it
+            safefile.read_bytes(key, "private key", max_bytes=MAX_KEY_FILE)
+        except safefile.UnsafeFile as err:
+            raise HostProblem(node.name, f"ansible_ssh_private_key_file {err}") from None
         # Only the inventory's key: a stray agent or ~/.ssh key must not make a wrong
         # inventory look right.
         kwargs.update(key_filename=str(key), look_for_keys=False, allow_agent=False)
     client = paramiko.SSHClient()
     if known_hosts.exists():
-        client.load_host_keys(str(known_hosts))
+        load_known_hosts(client, known_hosts, node.name)
     client.set_missing_host_key_policy(
         _AcceptNew(known_hosts) if options.accept_new_host_keys else paramiko.RejectPolicy())
     via = gateway_for(node)

@@ -9,13 +9,12 @@ keeps the last one silently, which hides typos), and values quoted in messages a
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from launcher import safefile
 from launcher.errors import LauncherError
 
 MAX_BYTES = 1 << 20          # 1 MiB: a recipe or inventory is a few KB
@@ -25,9 +24,14 @@ MAX_DEPTH = 64               # nesting; PyYAML's recursive composer dies near Py
 
 
 class YamlFileError(LauncherError):
-    def __init__(self, path: str, why: str):
-        self.path, self.why = path, why
+    def __init__(self, path: str, why: str, bounds: bool = False):
+        # bounds: refused for its size or shape (aliases, values, nesting), whatever reads it
+        self.path, self.why, self.bounds = path, why, bounds
         super().__init__(f"{path}: {why}")
+
+
+class _Bounds(yaml.YAMLError):
+    pass
 
 
 def shorten(value: Any, limit: int = 80) -> str:
@@ -47,15 +51,15 @@ class _GuardedLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name): refused, "
-                                     "a recipe or inventory needs few or none")
+                raise _Bounds(f"more than {MAX_ALIASES} aliases (*name): refused, "
+                              "a recipe or inventory needs few or none")
         self._nodes += 1
         if self._nodes > MAX_NODES:
-            raise yaml.YAMLError(f"more than {MAX_NODES} values: refused as too large")
+            raise _Bounds(f"more than {MAX_NODES} values: refused as too large")
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep: refused")
+                raise _Bounds(f"nested more than {MAX_DEPTH} levels deep: refused")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -88,22 +92,10 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
     """A small UTF-8 text file, or YamlFileError saying why it is not one."""
     name = str(path)
     try:
-        info = os.stat(name)
-    except OSError as err:
-        raise YamlFileError(name, f"cannot read the {what}: {err.strerror}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise YamlFileError(name, f"is a folder, not a {what} file")
-    if not stat.S_ISREG(info.st_mode):
-        raise YamlFileError(name, f"is not a regular file (a FIFO, socket or device); give "
-                                  f"the {what} as a file")
-    if info.st_size > max_bytes:
-        raise YamlFileError(name, f"is {info.st_size} bytes; a {what} is at most "
-                                  f"{max_bytes} bytes")
-    try:
-        with open(name, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError as err:
-        raise YamlFileError(name, f"cannot read the {what}: {err.strerror}") from None
+        raw = safefile.read_bytes(name, what, max_bytes=max_bytes)
+    except safefile.UnsafeFile as err:
+        why = f"cannot read the {what}: No such file or directory" if err.missing else err.why
+        raise YamlFileError(name, why) from None
     if b"\0" in raw:
         raise YamlFileError(name, f"holds NUL bytes: a binary file, not a {what}")
     try:
@@ -116,10 +108,12 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
 def load_yaml_text(text: str, name: str) -> Any:
     try:
         return yaml.load(text, Loader=_GuardedLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _Bounds as err:
+        raise YamlFileError(name, f"not valid YAML: {err}", bounds=True) from None
     except yaml.YAMLError as err:
         raise YamlFileError(name, _describe(err)) from None
     except RecursionError:
-        raise YamlFileError(name, "not valid YAML: nested too deeply") from None
+        raise YamlFileError(name, "not valid YAML: nested too deeply", bounds=True) from None
 
 
 def load_yaml_file(path: str | Path, what: str) -> Any:

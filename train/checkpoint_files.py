@@ -24,7 +24,7 @@ from typing import IO, Any
 
 CHECKPOINT_DIR = "checkpoints"
 FORMAT = 1
-_NAME = re.compile(r"^step-(\d{8,})\.json$")
+_NAME = re.compile(r"step-([0-9]{8,})\.json")
 TMP_SUFFIX = ".tmp"
 
 
@@ -83,7 +83,7 @@ def complete(folder: str | Path) -> list[CheckpointFile]:
     except OSError:
         return []
     for entry in entries:
-        m = _NAME.match(entry.name)
+        m = _NAME.fullmatch(entry.name)
         if not m:
             continue
         state = entry.with_suffix(".pt")

@@ -33,6 +33,7 @@ from launcher.plan import Placement, plan_run
 from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
 from launcher.sbatch import (ADDR, ATTEMPT, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK,
                              OMP_THREADS, SlurmJob)
+from launcher.sbatch_args import batch_path_problem
 from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
 
 MAX_SLURM_NODES = 4096
@@ -112,6 +113,8 @@ class SlurmBackend:
                      "interface when it runs")
         runs = Path(self.cwd, runs_dir).resolve()
         run_dir = str(runs / run_id)
+        if batch_path_problem(run_dir):
+            raise LauncherError(f"--runs-dir: {batch_path_problem(run_dir)}")
         template = Node(name=NODE, address=ADDR, private_address=ADDR, interface=IFACE,
                         gpus=gpus or 0)
         # Every path absolute: the job runs in the workdir, its files go to the node's folder.

@@ -18,6 +18,11 @@ from launcher.errors import LauncherError
 from launcher.inventory import Node
 from launcher.runfolder import check_run_id, new_run_id
 
+# Bounds that keep the numbers finite (inf and nan parse as floats): a petabyte of free disk,
+# a bus bandwidth far beyond any link.
+MAX_DISK_GB = 1_000_000
+MAX_GBS = 1_000_000
+
 HELP = """\
 Asks every node at once (one SSH round trip each, about 30 s in all; a node that takes longer
 than 90 s is reported unreachable) and prints one row per host, one column per check, each ok,
@@ -87,10 +92,12 @@ def _local_node(args) -> Node:
 def main(args) -> int:
     if args.min_busbw is not None and not args.collective:
         raise LauncherError("--min-busbw is the floor of the collective gate: give --collective")
-    if args.min_busbw is not None and not args.min_busbw > 0:
-        raise LauncherError(f"--min-busbw must be a bandwidth above 0 GB/s, got {args.min_busbw}")
-    if not args.min_free_gb >= 0:
-        raise LauncherError(f"--min-free-gb must be 0 or more, got {args.min_free_gb}")
+    if args.min_busbw is not None and not 0 < args.min_busbw < MAX_GBS:
+        raise LauncherError(f"--min-busbw must be a bandwidth above 0 GB/s (below {MAX_GBS:,}), "
+                            f"got {args.min_busbw}")
+    if not 0 <= args.min_free_gb <= MAX_DISK_GB:
+        raise LauncherError(f"--min-free-gb must be from 0 to {MAX_DISK_GB:,} GB, got "
+                            f"{args.min_free_gb}")
     backend = backend_from_args(args, 1, say=lambda text: print(text, file=sys.stderr))
     # This machine answers once, whatever the number of local node agents.
     nodes = [_local_node(args)] if backend.kind == "local" else backend.nodes(args.nodes)

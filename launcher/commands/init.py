@@ -118,7 +118,7 @@ def named_recipe_text(text: str, name: str, source: Path) -> str:
     """The bundled recipe's text with its top-level `name:` set to `name`, comments kept."""
     plain = yaml.safe_load(f"name: {name}") == {"name": name}
     value = name if plain else json.dumps(name)
-    renamed, count = re.subn(r"^name:[^\n]*$", lambda _m: f"name: {value}", text, count=1,
+    renamed, count = re.subn(r"^name:[^\n]*", lambda _m: f"name: {value}", text, count=1,
                              flags=re.MULTILINE)
     if count != 1 or (yaml.safe_load(renamed) or {}).get("name") != name:
         raise InitError(f"{source}: its top-level `name:` line could not be set to {name}; "

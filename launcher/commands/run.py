@@ -164,7 +164,8 @@ def main(args) -> int:
             raise LauncherError(f"--resume {args.resume} continues that run in its folder; "
                                 f"--run-id {args.run_id} would name another")
         _recipe_only(args, True)
-        point = find_resume_point(args.runs_dir, check_run_id(args.resume), args.recipe)
+        point = find_resume_point(args.runs_dir, check_run_id(args.resume, "--resume"),
+                                  args.recipe)
         recipe, run_id = point.recipe, args.resume
     elif args.recipe is None and not args.module:
         raise LauncherError("launch run needs your script (train.py), a module (-m pkg.train), "

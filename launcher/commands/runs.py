@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from launcher.errors import LauncherError
-from launcher.table import format_table
+from launcher.table import format_table, printable
 
 HELP = """\
-Lists the run folders in --runs-dir (default runs/): run id, status, when it started, launch's
-pid. A run is "running" while its launch process lives, "succeeded"/"failed" once it wrote its
-summary, and "abandoned" when launch died without one (killed, out of memory): its node agents
-die with launch, and any process of it still alive on this machine is listed (found by the
-run's stamp, never by name). --stop RUN_ID ends those processes.
+Lists the run folders in --runs-dir (default runs/), one line each: run id, recipe, backend
+(local, ssh, slurm), nodes, status, when it started, how long it ran, steps, the last loss and
+the held-out accuracy when known ('-' where a run folder does not say). A run is "running"
+while its launch process lives; once it wrote its summary, the summary's status (succeeded,
+failed, interrupted, stopped, preempted); "abandoned" when launch died without one (killed,
+out of memory): its node agents die with launch, and any process of it still alive on this
+machine is listed (found by the run's stamp, never by name). --stop RUN_ID ends those
+processes. A run folder whose files are not what launch writes is listed as unreadable or
+unknown, with the file and key that are wrong below the table; the other runs are listed as
+usual. A run folder that is a symbolic link is listed as refused and not read.
 """
 
 
@@ -29,6 +35,32 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _number(value: float | None, form: str) -> str:
+    if value is None:
+        return "-"
+    return str(value) if not math.isfinite(value) else format(value, form)
+
+
+def _row(s) -> tuple[str, ...]:
+    status = s.status + (f", {len(s.leftover_pids)} process(es) left" if s.leftover_pids
+                         else "")
+    return (s.run_id, s.recipe or "-", s.backend or "-",
+            "-" if s.nodes is None else str(s.nodes), status, s.started_at or "-",
+            _duration(s.duration_s), "-" if s.steps is None else str(s.steps),
+            _number(s.loss, ".4f"), _number(s.accuracy, ".2%"))
+
+
 def main(args) -> int:
     from launcher.leftovers import runs_in, stop
 
@@ -36,7 +68,8 @@ def main(args) -> int:
     if args.stop:
         match = [s for s in states if s.run_id == args.stop]
         if not match:
-            raise LauncherError(f"--stop {args.stop}: no run of that id in {args.runs_dir}/")
+            raise LauncherError(f"--stop {printable(args.stop)}: no run of that id in "
+                                f"{args.runs_dir}/")
         state = match[0]
         if state.status == "running":
             raise LauncherError(f"run {state.run_id} is still supervised by launch (pid "
@@ -51,15 +84,14 @@ def main(args) -> int:
               + (f" ({', '.join(map(str, sent))})" if sent else ""))
         return 0
     if args.json:
-        print(json.dumps([{"run_id": s.run_id, "folder": str(s.folder), "status": s.status,
-                           "launch_pid": s.launch_pid, "started_at": s.started_at,
-                           "leftover_pids": s.leftover_pids} for s in states], indent=2))
+        print(json.dumps([s.to_json() for s in states], indent=2))
         return 0
     if not states:
-        print(f"no runs in {args.runs_dir}/")
+        print(f"no runs in {printable(args.runs_dir)}/")
         return 0
-    rows = [(s.run_id, s.status + (f", {len(s.leftover_pids)} process(es) left"
-                                   if s.leftover_pids else ""),
-             s.started_at or "?", str(s.launch_pid or "?")) for s in states]
-    print(format_table(("run", "status", "started", "launch pid"), rows), end="")
+    print(format_table(("run", "recipe", "backend", "nodes", "status", "started", "duration",
+                        "steps", "loss", "accuracy"), [_row(s) for s in states]), end="")
+    for s in states:
+        if s.problem:
+            print(f"{s.run_id}: {printable(s.problem)}")
     return 0

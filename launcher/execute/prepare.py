@@ -18,6 +18,7 @@ from pathlib import Path
 from launcher.errors import LauncherError
 from launcher.jobsetup import SETUP_LOG, setup_argv, setup_key
 from launcher.logs import LineSink
+from launcher.safefile import open_append
 from launcher.plan import NodeCommand, RunPlan
 
 SETUP_LABEL = "setup"
@@ -45,10 +46,10 @@ class SetupLog:
     """One node's setup output: to its setup.log and, line by line, to the run's router."""
 
     def __init__(self, folder_node_dir: Path, node: str, line: Callable[..., None]):
-        folder_node_dir.mkdir(parents=True, exist_ok=True)
         self.path = folder_node_dir / SETUP_LOG
         self.node, self._line = node, line
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        # <runs>/<run id>/<node>/setup.log: no link in the run folder is followed.
+        self._file = open_append(self.path, within=folder_node_dir.parent.parent)
         self.tail: list[str] = []
         self._lock = threading.Lock()   # stdout and stderr arrive from two threads
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from fabric import Connection
 
+from launcher import safefile
 from launcher.errors import LauncherError
 from launcher.inventory import Node
 from launcher.logs import LineSink
@@ -236,11 +237,15 @@ def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
             rpath = posixpath.join(rdir, entry.filename)
             if rdir == remote_dir and entry.filename in skip:
                 continue
+            if "/" in entry.filename or entry.filename in ("", ".", ".."):
+                continue   # a name no file has: it would leave the node's folder
             if stat.S_ISDIR(entry.st_mode or 0):
                 walk(rpath, ldir / entry.filename)
             elif stat.S_ISREG(entry.st_mode or 0):
-                ldir.mkdir(parents=True, exist_ok=True)
-                sftp.get(rpath, str(ldir / entry.filename))
+                # Into the run folder with no link there followed (launcher/safefile.py):
+                # <runs>/<run id>/<node>/... is below the runs folder.
+                safefile.write_with(ldir / entry.filename, lambda f: sftp.getfo(rpath, f),
+                                    within=local_dir.parent.parent)
                 written.append(ldir / entry.filename)
 
     try:

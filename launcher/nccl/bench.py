@@ -40,7 +40,7 @@ NCCL_TESTS_DIR = "/opt/launch/nccl-tests/bin"
 
 NOT_MEASURED = Measurement(time_us=None, algbw=None, busbw=None, wrong=None)
 
-_SIZE = re.compile(r"^(?P<number>\d+)\s*(?P<unit>[KMGT]?)(?:i?B)?$", re.IGNORECASE)
+_SIZE = re.compile(r"(?P<number>[0-9]+)\s*(?P<unit>[KMGT]?)(?:i?B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -50,7 +50,7 @@ class BenchError(LauncherError):
 
 def parse_size(text: str, flag: str) -> int:
     """`8`, `1K`, `64M`, `1G` (binary units, as nccl-tests' -b/-e read them) -> bytes."""
-    match = _SIZE.match(text.strip())
+    match = _SIZE.fullmatch(text.strip())
     if match is None:
         raise BenchError(f"{flag} {text!r}: expected bytes as a number with an optional K, M or "
                          "G suffix (8, 1K, 64M, 1G)")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
+from launcher import safefile
 from launcher.nccl.debug_log import NcclDebugLog, is_debug_line, parse_debug_log
 from launcher.nccl.errors import NcclParseError
 from launcher.nccl.nccl_tests import NcclTestsRun, is_column_header, parse_nccl_tests
@@ -55,17 +54,19 @@ def read_text(path: str | Path) -> str:
     """A log's text; undecodable bytes are replaced rather than refused (logs carry them).
     Only regular files: a FIFO or a device (`launch inspect /dev/zero`) would never end."""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise NcclParseError(str(path), "not a regular file (a folder, FIFO or device): "
-                                            "give a saved log or output file")
-        if info.st_size > MAX_LOG_BYTES:
-            raise NcclParseError(str(path), f"{info.st_size} bytes is more than the "
-                                            f"{MAX_LOG_BYTES >> 20} MiB launch reads; cut the "
-                                            "part you need")
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise NcclParseError(str(path), f"cannot read it: {err.strerror or err}") from None
+        raw = safefile.read_bytes(path, "log", max_bytes=MAX_LOG_BYTES)
+    except safefile.UnsafeFile as err:
+        if err.missing:
+            why = "cannot read it: No such file or directory"
+        elif "folder" in err.why or "regular file" in err.why:
+            why = ("not a regular file (a folder, FIFO or device): give a saved log or output "
+                   "file")
+        elif "bytes" in err.why:
+            why = f"{err.why}: cut the part you need"
+        else:
+            why = f"cannot read it: {err.why}"
+        raise NcclParseError(str(path), why) from None
+    return raw.decode("utf-8", errors="replace")
 
 
 def parse_file(path: str | Path) -> Parsed:

@@ -10,18 +10,54 @@ what tags cannot: resources whose creation was never confirmed, and clusters in 
 from __future__ import annotations
 
 import fcntl
-import json
-import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from launcher import safefile
 from launcher.errors import LauncherError
 from launcher.home import cluster_dir, launch_home
 from launcher.provision.plan import iso
+from launcher.runschema import Number, Short, Text, Word
 
 LIVE = ("requested", "created")
+MAX_LEDGER = 16 * safefile.MIB   # thousands of resources and events are a few hundred KB
+_MOVE_AWAY = ("move it away, then run `launch teardown` to find the cluster's resources by "
+              "their tags")
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class LedgerResource(_Schema):
+    kind: Short
+    id: Short | None = None
+    state: Word
+    run: Short | None = None
+
+
+class LedgerEvent(_Schema):
+    at: Short
+    what: Text
+
+
+class LedgerSchema(_Schema):
+    """What launch reads of a ledger (the rest is kept as written)."""
+
+    cluster: Short
+    region: Short
+    status: Word = "new"
+    created_at: Short | None = None
+    expires_at: Short | None = None
+    inventory: Short | None = None
+    instance_type: Short | None = None
+    price_per_hour: Number | None = None
+    resources: list[LedgerResource] = []
+    events: list[LedgerEvent] = []
 
 
 class LedgerError(LauncherError):
@@ -48,27 +84,27 @@ class Ledger:
 
     @classmethod
     def read(cls, path: Path) -> "Ledger | None":
+        """The ledger at `path` (None when there is none): a regular file of bounded size
+        (launcher/safefile.py) whose every field launch reads has the type it expects."""
         try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as err:
-            raise LedgerError(f"{path}: cannot read the ledger ({err}); move it away, then run "
-                              "`launch teardown` to find the cluster's resources by their "
-                              "tags") from None
+            data = safefile.read_json(path, "ledger", max_bytes=MAX_LEDGER)
+        except safefile.UnsafeFile as err:
+            if err.missing:
+                return None
+            raise LedgerError(f"{path}: cannot read the ledger: {err.why}; fix or "
+                              f"{_MOVE_AWAY}") from None
+        if not isinstance(data, dict):
+            raise LedgerError(f"{path}: not a ledger launch wrote (expected an object with "
+                              f"resources and events); {_MOVE_AWAY}")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise LedgerError(
-                f"{path}: the ledger is not valid JSON ({err}); fix or move it away, then run "
-                "`launch teardown` to find the cluster's resources by their tags"
-            ) from None
-        if not isinstance(data, dict) or not isinstance(data.get("resources", []), list) \
-                or not isinstance(data.get("events", []), list):
-            raise LedgerError(
-                f"{path}: not a ledger launch wrote (expected an object with resources and "
-                "events); move it away, then run `launch teardown` to find the cluster's "
-                "resources by their tags")
+            LedgerSchema.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            said = "missing" if err["type"] == "missing" else \
+                err["msg"].removeprefix("Value error, ").replace("Input should be", "expected")
+            raise LedgerError(f"{path}: {key}: {said}: not a ledger launch wrote; fix it or "
+                              f"{_MOVE_AWAY}") from None
         return cls(path, data)
 
     @classmethod
@@ -89,11 +125,10 @@ class Ledger:
         return [ledger for ledger in found if ledger is not None]
 
     def save(self) -> None:
-        # Write-then-rename: an interrupted write never leaves half a ledger behind.
+        # Write-then-rename (a fresh temporary file): an interrupted write never leaves half a
+        # ledger behind, and a link planted in its place is replaced, not written through.
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, self.path)
+        safefile.write_json(self.path, self.data)
 
     @contextmanager
     def locked(self) -> Iterator["Ledger"]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.catalog import InstanceFacts, Price
 from launcher.errors import LauncherError
+from launcher.names import name_problem, shown
 from launcher.provision import interfaces as nics
 from launcher.provision import quotas, reservations, ttl
 from launcher.provision.interfaces import NetworkInterface
@@ -38,9 +39,8 @@ SSM_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 PUBLIC_IP_MODES = ("head", "all", "none")
 IMAGES = ("ubuntu", "dlami")
 
-_CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
-_JUMP = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
-                   r"(?::(?P<port>\d{1,5}))?$")
+_JUMP = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
+                   r"(?::(?P<port>[0-9]{1,5}))?")
 
 
 class ProvisionSpecError(LauncherError):
@@ -229,12 +229,11 @@ def parse_duration(text: str) -> float:
 
 
 def validate_cluster_name(name: str) -> str:
-    if not _CLUSTER_NAME.match(name or ""):
+    why = name_problem("cluster name", name)
+    if why:
         raise ProvisionSpecError(
-            f"cluster name {name!r} is not usable: use 1-40 lowercase letters, digits and '-', "
-            "starting with a letter (it becomes part of security group, placement group and host "
-            "names)"
-        )
+            f"cluster name {shown(name)} is not usable: {why} (it becomes part of security "
+            "group, placement group and host names)")
     return name
 
 
@@ -250,7 +249,7 @@ def normalize_cidr(text: str) -> str:
 
 
 def parse_jump(text: str) -> JumpHost:
-    match = _JUMP.match(text.strip())
+    match = _JUMP.fullmatch(text.strip())
     if not match or not match.group("host") or match.group("host").startswith("-"):
         raise ProvisionSpecError(f"--jump {text!r} is not [user@]host[:port] "
                                  "(example: ec2-user@bastion.example.com)")

@@ -15,7 +15,7 @@ from datetime import datetime
 SETTER = "/usr/local/sbin/launch-ttl"
 EXPIRY_FILE = "/etc/launch/expires-at"
 
-_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+_ISO = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
 # Installed by user data; `launch-ttl EXPIRY` sets (or moves) the power-off time.
 _HELPER = r"""#!/bin/sh
@@ -51,7 +51,7 @@ systemctl restart launch-ttl.timer
 
 
 def check_iso(expires_at: str) -> str:
-    if not _ISO.match(expires_at):
+    if not isinstance(expires_at, str) or not _ISO.fullmatch(expires_at):
         raise ValueError(f"not an ISO 8601 UTC time: {expires_at!r}")
     datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ")
     return expires_at

@@ -83,7 +83,7 @@ CASES = [
     (with_(env={"LAUNCH_RUN_ID": "other"}), "env", "set by launch"),
     (with_(env={"PATH": "/tmp/evil"}), "env", "PATH is set by launch"),
     (with_(env={"X": "a\0b"}), "env", "NUL"),
-    (with_(name="n" * 300), "name", "up to 64"),
+    (with_(name="n" * 300), "name", "at most 64"),
 ]
 
 

@@ -247,11 +247,16 @@ def test_autos_decision_stands_after_a_resume_and_a_measurement_starts_again():
 # ---- checkpoint files ---------------------------------------------------------------------
 
 def write_checkpoint(folder: Path, step: int, signature=None, complete=True):
+    """A checkpoint as train/checkpoint.py writes one: torch.save's archive, then its .json."""
+    import torch
+
     folder.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(folder / f"{files.stem(step)}.pt", lambda f: f.write(b"state"))
+    name = files.stem(step)
+    size = files.write_atomic(folder / f"{name}.pt", lambda f: torch.save({"step": step}, f))
     if complete:
-        files.write_json_atomic(folder / f"{files.stem(step)}.json",
-                                {"step": step, "signature": signature or {}})
+        files.write_json_atomic(folder / f"{name}.json", {
+            "format": files.FORMAT, "step": step, "epoch": 0, "offset": step,
+            "signature": signature or {}, "bytes": size, "file": f"{name}.pt"})
 
 
 def test_only_checkpoints_with_their_json_count_and_the_newest_wins(tmp_path):

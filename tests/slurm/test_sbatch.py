@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -292,12 +293,12 @@ def test_flags_win_over_the_recipe_block():
     ({"time": "10h"}, "--time: '10h' is not a Slurm time limit"),
     ({"partition": "gpu;reboot"}, "--partition: 'gpu;reboot' is not a Slurm partition name"),
     ({"sbatch_args": ["--nodes=3"]}, "--sbatch-arg: --nodes is set by launch"),
-    ({"sbatch_args": ["-N3"]}, "--sbatch-arg: -N is set by launch"),
-    ({"sbatch_args": ["--qos", "high"]}, "--sbatch-arg: 'high' is not an sbatch option"),
+    ({"sbatch_args": ["-N3"]}, "--sbatch-arg: -N3 (sbatch reads --nodes) is set by launch"),
+    ({"sbatch_args": ["--qos", "high", "x"]}, "--sbatch-arg: 'x' is not an sbatch option"),
     ({"sbatch_args": ["--output=/tmp/x"]}, "--sbatch-arg: --output is set by launch"),
 ])
 def test_bad_flags_name_the_flag(flags, message):
-    with pytest.raises(LauncherError, match=message.replace("(", r"\(")):
+    with pytest.raises(LauncherError, match=re.escape(message)):
         SlurmBackend(flags)
 
 
