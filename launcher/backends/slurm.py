@@ -34,7 +34,8 @@ from launcher.recipe import Recipe, Slurm, check_recipe_for_hardware
 from launcher.sbatch import (ADDR, ATTEMPT, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK,
                              OMP_THREADS, SlurmJob)
 from launcher.sbatch_args import batch_path_problem
-from launcher.slurmctl import Partition, SlurmError, missing_clients, partitions, where_conf
+from launcher.slurmctl import (Partition, SlurmError, missing_clients, partitions, slurm,
+                               where_conf)
 
 MAX_SLURM_NODES = 4096
 
@@ -218,7 +219,17 @@ class SlurmBackend:
 TASK_SCRIPT = 'echo "@launch-node $SLURMD_NODENAME"; "$@"; echo "@launch-exit $?"'
 
 
-def srun_argv(settings: Slurm, count: int, argv: list[str], timeout: float) -> list[str]:
+def srun_takes() -> set[str]:
+    """The long options the installed srun takes (its --help): a recipe's sbatch arguments
+    that srun would refuse (--mail-type, --array, ...) are a batch job's only."""
+    proc = slurm(["srun", "--help"], timeout=30)
+    return set(re.findall(r"--([a-z][a-z0-9-]*)", proc.stdout + proc.stderr))
+
+
+def srun_argv(settings: Slurm, count: int, argv: list[str], timeout: float,
+              takes: set[str]) -> list[str]:
+    """srun in an allocation of its own, with the sbatch arguments srun also `takes` (they are
+    stored spelled out in full: launcher/sbatch_args.py)."""
     minutes = max(1, math.ceil(timeout / 60))
     out = ["srun", f"--nodes={count}", "--ntasks-per-node=1", "--label",
            "--kill-on-bad-exit=0", f"--time={minutes}", "--job-name=launch-run-on-all"]
@@ -226,7 +237,9 @@ def srun_argv(settings: Slurm, count: int, argv: list[str], timeout: float) -> l
         out.append(f"--partition={settings.partition}")
     if settings.account:
         out.append(f"--account={settings.account}")
-    return [*out, *settings.sbatch_args, "bash", "-c", TASK_SCRIPT, "launch-task", *argv]
+    shared = [a for a in settings.sbatch_args
+              if a.startswith("--") and a[2:].split("=", 1)[0] in takes]
+    return [*out, *shared, "bash", "-c", TASK_SCRIPT, "launch-task", *argv]
 
 
 def parse_labelled(text: str) -> dict[int, list[str]]:
@@ -240,7 +253,7 @@ def parse_labelled(text: str) -> dict[int, list[str]]:
 
 
 def srun_on_nodes(settings: Slurm, count: int, argv: list[str], timeout: float) -> GroupResult:
-    cmd = srun_argv(settings, count, argv, timeout)
+    cmd = srun_argv(settings, count, argv, timeout, srun_takes())
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     try:

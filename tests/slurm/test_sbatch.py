@@ -485,3 +485,16 @@ def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, templ
     assert words[words.index(b"--dataset") + 1] == value.encode()
     assert not canary.exists()
     assert not Path(tmp_path / "runs").exists()
+
+
+def test_run_on_all_gives_srun_only_the_sbatch_arguments_srun_takes():
+    """`launch check/topo --slurm` run one srun: a recipe's --mail-type (sbatch's only) would
+    make it fail, a --constraint must still place it. What srun takes is asked of srun."""
+    from launcher.backends.slurm import slurm_settings, srun_argv
+
+    settings = slurm_settings(None, {"sbatch_args": ["--mail-type=END", "--constraint=a100",
+                                                     "--qos=high"]})
+    argv = srun_argv(settings, 2, ["nvidia-smi"], 30, takes={"constraint", "qos", "nodes"})
+    assert "--constraint=a100" in argv and "--qos=high" in argv
+    assert not any(a.startswith("--mail-type") for a in argv)
+    assert argv[-1] == "nvidia-smi"
