@@ -238,14 +238,6 @@ class SshOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
 
-    @classmethod
-    def from_args(cls, args) -> SshOptions:
-        known = args.known_hosts
-        if known and Path(known).expanduser().is_dir():
-            raise LauncherError(f"--known-hosts {known} is a folder: give the known_hosts file "
-                                "(e.g. ~/.ssh/known_hosts)")
-        return cls(known_hosts=known, accept_new_host_keys=args.accept_new_host_keys)
-
 
 class _NodeConnection(Connection):
     """A Connection whose jump host connection (if any) opens with a timeout and closes with

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from launcher.backends import SLURM_FLAGS
+from launcher.backends.slurm_flags import SLURM_FLAGS
 from launcher.backends.base import GroupResult, LaunchOptions, NodeResult, Program
 from launcher.errors import LauncherError
 from launcher.inventory import Node

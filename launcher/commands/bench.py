@@ -9,7 +9,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.backends import LaunchOptions, add_where_arguments, backend_from_args, print_plan
+from launcher.backends import LaunchOptions, backend_for, print_plan
+from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import grace_seconds
 from launcher.errors import LauncherError, RunFailed
 from launcher.inventory import Node
@@ -108,7 +109,7 @@ def main(args) -> int:
     local_nccl_tests = args.nccl_tests and not (args.inventory or args.cluster or args.slurm)
     # nccl-tests on this machine is one process driving all its GPUs: one node.
     count = 1 if local_nccl_tests else args.nodes
-    backend = backend_from_args(args, count or 2)
+    backend = backend_for(where_from_args(args), count or 2)
     nodes = backend.nodes(count)
     if args.nccl_tests:
         if backend.kind == "slurm":

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from launcher.backends import add_where_arguments, backend_from_args, print_plan
+from launcher.backends import backend_for, print_plan
+from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.check import health
 from launcher.check.health import GIB
 from launcher.check.probe import PROBE_TIMEOUT_S, check_nodes
@@ -98,7 +99,7 @@ def main(args) -> int:
     if not 0 <= args.min_free_gb <= MAX_DISK_GB:
         raise LauncherError(f"--min-free-gb must be from 0 to {MAX_DISK_GB:,} GB, got "
                             f"{args.min_free_gb}")
-    backend = backend_from_args(args, 1, say=lambda text: print(text, file=sys.stderr))
+    backend = backend_for(where_from_args(args), 1, say=lambda text: print(text, file=sys.stderr))
     # This machine answers once, whatever the number of local node agents.
     nodes = [_local_node(args)] if backend.kind == "local" else backend.nodes(args.nodes)
     if args.dry_run:

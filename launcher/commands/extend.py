@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.backends import add_ssh_arguments, ssh_options
+from launcher.commands.where import add_ssh_arguments, ssh_options_from_args
 from launcher.commands.common import aws_command
 
 
@@ -40,4 +40,5 @@ def _run(args: argparse.Namespace) -> int:
     from launcher.provision.plan import parse_duration
 
     return extend(args.cluster, parse_duration(args.ttl), region=args.region,
-                  options=ssh_options(args), inventory=args.inventory, dry_run=args.dry_run)
+                  options=ssh_options_from_args(args), inventory=args.inventory,
+                  dry_run=args.dry_run)

@@ -9,7 +9,8 @@ import sys
 
 from pathlib import Path
 
-from launcher.backends import LaunchOptions, add_where_arguments, backend_from_args, print_plan
+from launcher.backends import LaunchOptions, backend_for, print_plan
+from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
                                       port_number, restart_count)
 from launcher.errors import LauncherError
@@ -188,7 +189,7 @@ def main(args) -> int:
     count = args.nodes if args.nodes is not None else default_count
     if count < 1:
         raise LauncherError(f"--nodes must be at least 1, got {count}")
-    backend = backend_from_args(args, count)
+    backend = backend_for(where_from_args(args), count)
     nodes = backend.nodes(count)
     # A real run plans inside backend.launch (over SSH after preflight, which reports every
     # host's problems at once); a dry run and a resume check need the plan now.

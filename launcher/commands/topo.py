@@ -7,7 +7,8 @@ import argparse
 import json
 import shlex
 
-from launcher.backends import NodeResult, add_where_arguments, backend_from_args
+from launcher.backends import NodeResult, backend_for
+from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import where_nodes
 from launcher.inventory import Node
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
@@ -57,7 +58,7 @@ def node_output(answer: NodeResult, instance_type: str | None) -> NodeOutput:
 
 
 def main(args) -> int:
-    backend = backend_from_args(args, 1)
+    backend = backend_for(where_from_args(args), 1)
     # On this machine one answer covers every local node agent: ask once, as "local".
     nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.kind == "local"
              else backend.nodes(args.nodes))
