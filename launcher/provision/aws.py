@@ -111,6 +111,11 @@ def client(sess: boto3.Session, service: str, *, quick: bool = False,
     return sess.client(service, config=config)
 
 
+# The Price List query API is served from a few regions only (us-east-1 among them); it
+# answers for every region.
+PRICING_REGION = "us-east-1"
+
+
 @dataclass(frozen=True)
 class Clients:
     """The clients one region's provisioning uses. `quick` ones serve optional look-ups
@@ -124,13 +129,10 @@ class Clients:
 
 
 def clients(sess: boto3.Session) -> Clients:
-    from launcher.provision.prices import PRICING_REGION  # prices imports this module
-
     return Clients(
         ec2=client(sess, "ec2"), ssm=client(sess, "ssm"),
         ec2_quick=client(sess, "ec2", optional=True),
         quotas=client(sess, "service-quotas", optional=True),
-        # The Price List query API is served from a few regions only; it answers for all.
         pricing=sess.client("pricing", region_name=PRICING_REGION,
                             config=Config(connect_timeout=3, read_timeout=10,
                                           retries={"max_attempts": 1})),

@@ -15,7 +15,6 @@ from typing import Any
 from launcher.catalog import Price
 from launcher.provision import aws
 
-PRICING_REGION = "us-east-1"
 SOURCE = "AWS Price List API"
 
 
