@@ -65,12 +65,6 @@ def _price(f: InstanceFacts) -> str:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.aws import unreadable_answers
-
-    return unreadable_answers(_run)(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     types = args.types or catalog.known_types()
     if args.offline:
         facts = {t: catalog.lookup(t) for t in types}

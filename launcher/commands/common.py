@@ -54,18 +54,23 @@ byte_size.__name__ = "size (e.g. 2GB, 500MB)"
 def aws_command(handler):
     """For commands that talk to AWS: botocore is imported only when one runs (boto3 costs
     ~0.1 s of every `launch` start-up otherwise), and botocore's own errors (no credentials,
-    no region, endpoint unreachable) become one message instead of a traceback."""
+    no region, endpoint unreachable) and an answer it cannot parse (a proxy's or a wrong
+    endpoint's HTML page, which is not a BotoCoreError) become one message, not a traceback."""
 
     @functools.wraps(handler)
     def run(args):
         from botocore.exceptions import BotoCoreError
+        from botocore.parsers import ResponseParserError
 
-        from launcher.provision.aws import AwsError
+        from launcher.provision.aws import AwsError, short_reason
 
         try:
             return handler(args)
         except BotoCoreError as err:
             raise AwsError(f"AWS could not be reached or configured: {err}") from None
+        except ResponseParserError as err:
+            raise AwsError(f"AWS's answer could not be read ({short_reason(err)}): is "
+                           "AWS_ENDPOINT_URL or a proxy pointing somewhere else?") from err
 
     return run
 

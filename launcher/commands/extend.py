@@ -30,12 +30,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.aws import unreadable_answers
-
-    return unreadable_answers(_run)(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from launcher.provision.extend import extend
     from launcher.provision.plan import parse_duration
 

@@ -110,6 +110,4 @@ def run(args: argparse.Namespace) -> int:
         skip_setup=args.skip_setup, wait_ssh=args.wait_ssh,
         keep_on_failure=args.keep_on_failure,
     )
-    from launcher.provision.aws import unreadable_answers
-
-    return unreadable_answers(provision)(spec, dry_run=args.dry_run, as_json=args.json)
+    return provision(spec, dry_run=args.dry_run, as_json=args.json)

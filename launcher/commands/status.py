@@ -20,12 +20,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.aws import unreadable_answers
-
-    return unreadable_answers(_run)(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from launcher.provision.status import status
 
     return status(args.region, as_json=args.json, show_all=args.all)

@@ -21,12 +21,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @aws_command
 def run(args: argparse.Namespace) -> int:
-    from launcher.provision.aws import unreadable_answers
-
-    return unreadable_answers(_run)(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from launcher.provision.teardown import teardown
 
     return teardown(args.cluster, args.region, dry_run=args.dry_run)

@@ -59,24 +59,26 @@ class NoCredentials(LauncherError):
     pass
 
 
-def unreadable_answers(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """For commands that talk to AWS: an answer botocore cannot parse (a proxy's or a wrong
-    endpoint's HTML page; not a BotoCoreError) becomes one message, not a traceback."""
-    import functools
-
-    @functools.wraps(handler)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return handler(*args, **kwargs)
-        except ResponseParserError as err:
-            raise AwsError(f"AWS's answer could not be read ({short_reason(err)}): is "
-                           "AWS_ENDPOINT_URL or a proxy pointing somewhere else?") from err
-
-    return run
-
-
 def session(region: str | None = None) -> boto3.Session:
-    return boto3.Session(region_name=region) if region else boto3.Session()
+    sess = boto3.Session(region_name=region) if region else boto3.Session()
+    sess.events.register("before-parse", _refuse_web_pages)
+    return sess
+
+
+class WebPageAnswer(ResponseParserError):
+    """A web page came back where AWS's XML or JSON should have."""
+
+
+def _refuse_web_pages(response_dict: dict[str, Any], **_: Any) -> None:
+    """A captive portal, a proxy's login page or an AWS_ENDPOINT_URL that names a web server
+    answers 200 with HTML; botocore's XML parser reads that as an answer with nothing in it,
+    so "no instances" would be a lie (status) and a missing key a traceback (teardown). No AWS
+    protocol answers in HTML: refuse it before parsing, as a parse error."""
+    body = response_dict.get("body") or b""
+    if isinstance(body, bytes) and body.lstrip()[:15].lower().startswith((b"<!doctype html",
+                                                                         b"<html")):
+        status = response_dict.get("status_code")
+        raise WebPageAnswer(f"a web page (HTTP {status}) came back instead of AWS's answer")
 
 
 def has_credentials(sess: boto3.Session) -> bool:

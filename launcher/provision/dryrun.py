@@ -33,7 +33,8 @@ def send_dry_run(call: Any, operation: str, what: str, **params: Any) -> Check:
             return Check(operation, True, f"would succeed ({what})")
         return Check(operation, False, aws.explain(err, operation, what))
     except aws.LOOKUP_ERRORS as err:
-        return Check(operation, False, f"{what}: no usable answer ({type(err).__name__})")
+        reason = str(err) if isinstance(err, aws.WebPageAnswer) else type(err).__name__
+        return Check(operation, False, f"{what}: no usable answer ({reason})")
     # A DryRun call that returns normally did not honour DryRun: say so rather than hide it.
     return Check(operation, False, f"{what}: the endpoint answered without DryRunOperation")
 

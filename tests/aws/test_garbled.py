@@ -105,3 +105,37 @@ def test_a_partial_answer_after_creating_cleans_up(tmp_path):
         "nothing this run created remains")
     assert Ledger.load("demo", home=tmp_path).live() == []
 
+
+
+class _ProxyPage(http.server.BaseHTTPRequestHandler):
+    """What a captive portal or a wrong AWS_ENDPOINT_URL answers: a 200 with an HTML page."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        page = b"<html><body><h1>Welcome to the hotel network</h1></body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("command", [["status"],
+                                     ["teardown", "--cluster", "c1", "--dry-run"]],
+                         ids=lambda c: c[0])
+def test_an_html_page_for_an_answer_is_one_message(run_launch, monkeypatch, command):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = run_launch(*command, "--region", "us-east-1", env={
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    finally:
+        server.shutdown()
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "AWS's answer could not be read" in proc.stderr, proc.stderr
+    assert "AWS_ENDPOINT_URL or a proxy" in proc.stderr
