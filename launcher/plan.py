@@ -104,7 +104,7 @@ class Recovery:
 def recovery_of(recipe: Recipe, job: Job | None = None) -> Recovery:
     ckpt = recipe.checkpoint
     every = None
-    if ckpt is not None:
+    if ckpt is not None and ckpt.writes:
         every = (f"{ckpt.every_steps} steps" if ckpt.every_steps is not None
                  else f"{ckpt.every_minutes:g} minutes")
     return Recovery(restarts=recipe.restarts, hang_timeout_s=recipe.hang_timeout_s,
@@ -133,6 +133,8 @@ class RunPlan:
     # the YAML of a recipe made from the command line (it has no file to copy).
     recipe_base_dir: str | None = None
     recipe_text: str | None = None
+    # Where checkpoints are mirrored off the head (launcher/mirror.py MirrorPlan), if anywhere.
+    mirror: Any = None
 
     @property
     def nnodes(self) -> int:
@@ -155,6 +157,7 @@ class RunPlan:
             "nodes": [n.to_json() for n in self.nodes],
             "store": self.store.to_json() if self.store else None,
             "recovery": self.recovery.to_json(),
+            "mirror": self.mirror.to_json() if self.mirror is not None else None,
             "notes": list(self.notes),
         }
 
@@ -171,6 +174,8 @@ class RunPlan:
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  {self.recovery.describe()}")
         lines += render_workdir(self.workdir, self.job.setup)
+        if self.mirror is not None:
+            lines += self.mirror.render()
         if self.store:
             lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
                           "the last agent):", "    " + shlex.join(self.store.argv)]

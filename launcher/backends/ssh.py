@@ -72,14 +72,18 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
             extra_env=facts[n.name].env if facts else {},
             workdir=_on_node(home, node_workdir(n, job.workdir)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
-    return plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
+    from launcher.mirror import with_mirror
+
+    plan = plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
                     program=program, job=job, workdir=workdir, attempt=attempt)
+    return with_mirror(plan, recipe, placements, uid)
 
 
 def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
                       launch: LaunchOptions, code: dict, folder) -> dict:
     """Run and collect a planned run on open connections (the code and the workdir are on
     the nodes already, checked by preflight); returns the summary."""
+    from launcher.execute.mirrored import ssh_runner, watcher, with_restore
     from launcher.execute.prepare import prepare_ssh
     from launcher.execute.remote_agent import SshNodeProcess, fetch_tree
     from launcher.execute.runner import execute_plan
@@ -113,10 +117,12 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
         for proc in procs:
             proc.close()
 
+    mirror = watcher(plan, lambda cmd: SshNodeProcess(cmd, head, conns[head.name], options,
+                                                       folder.stamp, label="mirror"))
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display, store=store,
-                        prepare=prepare_ssh(plan, {n.name: procs[i] for i, n in
-                                                   enumerate(nodes)}, plan.workdir))
+                        display=launch.display, store=store, services=mirror,
+                        prepare=with_restore(prepare_ssh(plan, by_proc, plan.workdir), plan,
+                                             ssh_runner(by_proc)))
 
 
 class SshBackend:

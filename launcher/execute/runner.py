@@ -63,6 +63,10 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "restarts_allowed": plan.recovery.restarts,
         "hang": outcome.recovery.get("hang"),
     }
+    if plan.mirror is not None:
+        from launcher.mirror import mirror_summary
+
+        summary["mirror"] = mirror_summary(folder.root, plan.nodes[0].name)
     if plan.job.is_trainer:
         rank0_node, result = folder.trainer_result([n.name for n in plan.nodes])
         summary["rank0_node"] = rank0_node
