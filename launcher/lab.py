@@ -7,6 +7,10 @@ machine's file system and processes; only the network is theirs (so `ip netns pi
 which processes run "on" a host). `cap` limits a host's link with tc (tbf) in both
 directions, to make a communication-bound cluster.
 
+`lose(host)` takes a host away as a machine goes (its link first, so no connection hears a
+goodbye; then its processes and its namespace), and `replace_host(host)` brings a fresh host
+in at its place in the inventory.
+
 `private_workers=True` builds what `launch provision --public-ip head` makes on EC2: only the
 head (host0) is on the bridge this machine can reach; every host, the head included, is on a
 second bridge this machine has no address on. The inventory reaches the other hosts through the
@@ -102,6 +106,7 @@ class Lab:
     hosts: list[LabHost] = field(default_factory=list)
     private_subnet: str | None = None   # private_workers: the network behind the head
     private_bridge: str | None = None
+    python: str | None = None           # the hosts' interpreter (the inventory's launch_python)
 
     # ---- paths -----------------------------------------------------------------------
     @property
@@ -132,7 +137,8 @@ class Lab:
         directory.mkdir(parents=True, exist_ok=True)
         lab_id = secrets.token_hex(2)
         net = _free_subnet()
-        lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br")
+        lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br",
+                  python=python or sys.executable)
         if private_workers:
             lab.private_subnet = str(_free_subnet(private=True))
             lab.private_bridge = f"lab{lab_id}pb"
@@ -166,18 +172,8 @@ class Lab:
                            veth=f"lab{self.lab_id}v{i}")
             self.hosts.append(host)
             self.save()
-            _run("ip", "netns", "add", host.netns)
-            # The machine's DNS server is unreachable from the namespace, and every lookup
-            # (c10d resolves each peer's name, sshd too) then waited for a resolver timeout:
-            # runs took 26 s to pass rendezvous instead of a few. `ip netns exec` mounts this
-            # file over /etc/resolv.conf for the host's sshd and all it starts: lookups fail
-            # at once and fall back to addresses.
-            etc = Path("/etc/netns") / host.netns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
-                                             "nameserver 127.0.0.1\n")
+            self._namespace(host)
             ns = ("ip", "netns", "exec", host.netns)
-            _run(*ns, "ip", "link", "set", "lo", "up")
             if private is None or i == 0:
                 self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
                 _run(*ns, "ip", "route", "add", "default", "via", str(gateway))
@@ -196,6 +192,19 @@ class Lab:
         self.known_hosts.write_text("".join(known))
         self._wait_for_sshd()
         self._write_inventory(python)
+
+    def _namespace(self, host: LabHost) -> None:
+        _run("ip", "netns", "add", host.netns)
+        # The machine's DNS server is unreachable from the namespace, and every lookup
+        # (c10d resolves each peer's name, sshd too) then waited for a resolver timeout:
+        # runs took 26 s to pass rendezvous instead of a few. `ip netns exec` mounts this
+        # file over /etc/resolv.conf for the host's sshd and all it starts: lookups fail
+        # at once and fall back to addresses.
+        etc = Path("/etc/netns") / host.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
+                                         "nameserver 127.0.0.1\n")
+        _run("ip", "netns", "exec", host.netns, "ip", "link", "set", "lo", "up")
 
     def _link(self, host: LabHost, root_end: str, inside: str, bridge: str, address: str,
               prefixlen: int) -> None:
@@ -279,9 +288,9 @@ class Lab:
         public = Path(f"{host_key}.pub").read_text().split()
         return f"{host.address} {public[0]} {public[1]}\n"
 
-    def _wait_for_sshd(self, timeout: float = 20.0) -> None:
+    def _wait_for_sshd(self, timeout: float = 20.0, hosts: list[LabHost] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        for host in self.hosts:
+        for host in hosts or self.hosts:
             while True:
                 # Probed from inside the host: this machine cannot reach hosts behind the head.
                 probe = _run("ip", "netns", "exec", host.netns, "bash", "-c",
@@ -327,6 +336,60 @@ class Lab:
             _run("ip", "link", "del", self.private_bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    # ---- machines that go, and their replacements ------------------------------------
+    def lose(self, name: str) -> None:
+        """The host goes away as a machine does: its links first (no connection to it hears a
+        goodbye: launch must notice by itself), then everything that ran on it, then its
+        namespace. It stays in the lab's list until replace_host() takes its place."""
+        host = self.host(name)
+        for link in dict.fromkeys([host.veth, *host.links]):
+            _run("ip", "link", "del", link, check=False)
+        for pid in self.pids(name):
+            if _run_process(pid):
+                _kill(pid)
+        # The hosts share this machine's files: a login shell killed mid-start left a lock of
+        # the machine's (pyenv's rehash lock) behind, and every later login waited 60 s on it.
+        # What is not the run's may finish first.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and \
+                any(not _is_sshd(pid) for pid in self.pids(name)):
+            time.sleep(0.1)
+        for pid in self.pids(name):
+            _kill(pid)
+        _kill(host.sshd_pid)
+        _run("ip", "netns", "del", host.netns, check=False)
+        shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
+
+    def is_lost(self, name: str) -> bool:
+        listed = _run("ip", "netns", "list", check=False).stdout
+        return self.host(name).netns not in {line.split()[0] for line in listed.splitlines()
+                                             if line.strip()}
+
+    def replace_host(self, name: str) -> LabHost:
+        """A fresh host (a new namespace, address and sshd, its key in known_hosts) in the
+        place of `name` in the lab and its inventory, as a replacement instance takes a lost
+        node's place in a cluster's inventory."""
+        if self.private_bridge:
+            raise LabError("replacing a host of a lab with private workers is not supported")
+        lost = self.host(name)
+        index = max(int(h.netns.rsplit("h", 1)[1]) for h in self.hosts) + 1
+        net = ipaddress.ip_network(self.subnet)
+        host = LabHost(name=f"host{index}", netns=f"lab{self.lab_id}h{index}",
+                       address=str(net.network_address + 10 + index),
+                       veth=f"lab{self.lab_id}v{index}")
+        self.hosts[self.hosts.index(lost)] = host
+        self.save()
+        self._namespace(host)
+        self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
+        _run("ip", "netns", "exec", host.netns, "ip", "route", "add", "default", "via",
+             str(net.network_address + 1))
+        with open(self.known_hosts, "a") as known:
+            known.write(self._start_sshd(host))
+        self.save()
+        self._wait_for_sshd(hosts=[host])
+        self._write_inventory(self.python or sys.executable)
+        return host
+
     # ---- use ---------------------------------------------------------------------------
     def host(self, name: str) -> LabHost:
         for host in self.hosts:
@@ -361,8 +424,24 @@ class Lab:
         return int(out.strip())
 
 
+def _run_process(pid: int) -> bool:
+    """A process of a launch run (its environment carries the run's stamp)."""
+    try:
+        return b"LAUNCH_RUN_STAMP=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "sshd"
+    except OSError:
+        return True
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+

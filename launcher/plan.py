@@ -135,6 +135,8 @@ class RunPlan:
     recipe_text: str | None = None
     # Where checkpoints are mirrored off the head (launcher/mirror.py MirrorPlan), if anywhere.
     mirror: Any = None
+    # The interruption-notice watcher on each spot node (launcher/spot.py).
+    spot: tuple[NodeCommand, ...] = ()
 
     @property
     def nnodes(self) -> int:
@@ -158,6 +160,7 @@ class RunPlan:
             "store": self.store.to_json() if self.store else None,
             "recovery": self.recovery.to_json(),
             "mirror": self.mirror.to_json() if self.mirror is not None else None,
+            "spot": [w.to_json() for w in self.spot],
             "notes": list(self.notes),
         }
 
@@ -176,6 +179,11 @@ class RunPlan:
         lines += render_workdir(self.workdir, self.job.setup)
         if self.mirror is not None:
             lines += self.mirror.render()
+        if self.spot:
+            lines += ["", f"spot nodes {', '.join(w.name for w in self.spot)}: a watcher reads "
+                          "EC2's interruption notice (instance metadata) and sends the ranks "
+                          "there SIGUSR1, the last-chance checkpoint signal:",
+                      "    " + shlex.join(self.spot[0].argv)]
         if self.store:
             lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
                           "the last agent):", "    " + shlex.join(self.store.argv)]

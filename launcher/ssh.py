@@ -27,6 +27,8 @@ from launcher.errors import LauncherError
 from launcher.inventory import Node
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# Seconds a connection's data may stay unacknowledged before it counts as dead.
+DEAD_LINK_S = 20.0
 _HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>\d+))?$")
 # ssh flags that take no value, so a ProxyCommand's destination can be told from its options.
 _SSH_FLAGS = set("46AaCfGgKkMNnqsTtVvXxYy")
@@ -355,6 +357,12 @@ def connect(node: Node, options: SshOptions) -> Connection:
     transport = conn.client.get_transport()
     if transport is not None:
         transport.set_keepalive(5)  # notice a dead link in seconds, not at the TCP timeout
+        if isinstance(transport.sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+            # The keepalives alone only queue up when the host is gone without a word (a
+            # machine lost, a spot reclaim): the kernel retried them for ~15 minutes before
+            # the connection failed. Unacknowledged for this long, it fails now.
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                      int(DEAD_LINK_S * 1000))
     return conn
 
 

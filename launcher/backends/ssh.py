@@ -73,10 +73,11 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
             workdir=_on_node(home, node_workdir(n, job.workdir)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
     from launcher.mirror import with_mirror
+    from launcher.spot import with_spot_watch
 
     plan = plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
                     program=program, job=job, workdir=workdir, attempt=attempt)
-    return with_mirror(plan, recipe, placements, uid)
+    return with_spot_watch(with_mirror(plan, recipe, placements, uid), nodes, placements)
 
 
 def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
@@ -87,6 +88,7 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     from launcher.execute.prepare import prepare_ssh
     from launcher.execute.remote_agent import SshNodeProcess, fetch_tree
     from launcher.execute.runner import execute_plan
+    from launcher.execute.sidecar import Preemptions, Sidecar
 
     commands = {c.name: c for c in plan.nodes}
     # Every node provably runs the same code: the hash each node computed is this one.
@@ -117,12 +119,17 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
         for proc in procs:
             proc.close()
 
+    by_node = {n.name: n for n in nodes}
     mirror = watcher(plan, lambda cmd: SshNodeProcess(cmd, head, conns[head.name], options,
                                                        folder.stamp, label="mirror"))
+    notices = Preemptions()
+    spot = [Sidecar(SshNodeProcess(cmd, by_node[cmd.name], conns[cmd.name], options,
+                                   folder.stamp, label="spot"), "spot watcher", notices.line)
+            for cmd in plan.spot]
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display, store=store, services=mirror,
+                        display=launch.display, store=store, services=[*mirror, *spot],
                         prepare=with_restore(prepare_ssh(plan, by_proc, plan.workdir), plan,
-                                             ssh_runner(by_proc)))
+                                             ssh_runner(by_proc)), verdict=notices.judge)
 
 
 class SshBackend:

@@ -10,6 +10,7 @@ from launcher.display import make_display
 from launcher.errors import RunFailed
 from launcher.execute.prepare import PrepareFailed
 from launcher.execute.recovery import Recovery
+from launcher.execute.sidecar import EXIT_PREEMPTED
 from launcher.execute.supervisor import NodeExit, NodeProcess, Outcome, supervise
 from launcher.logs import LineRouter, failure_excerpt
 from launcher.progress import StepLines
@@ -63,6 +64,9 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "restarts_allowed": plan.recovery.restarts,
         "hang": outcome.recovery.get("hang"),
     }
+    if outcome.recovery.get("preemption"):
+        # The interruption notices the spot watchers saw (launcher/execute/sidecar.py).
+        summary["preemption"] = outcome.recovery["preemption"]
     if plan.mirror is not None:
         from launcher.mirror import mirror_summary
 
@@ -99,12 +103,15 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  grace_s: float = 5.0, store: NodeProcess | None = None,
                  services: list[NodeProcess] = (),
                  extra: Callable[[], dict[str, Any]] | None = None,
-                 prepare: Callable[..., None] | None = None) -> dict[str, Any]:
+                 prepare: Callable[..., None] | None = None,
+                 verdict: Callable[[Outcome], Outcome] | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
     PrepareFailed fails the run before any node starts. `extra` adds the backend's own facts
-    to the summary once `after` has run (Slurm: the job id and its final state)."""
+    to the summary once `after` has run (Slurm: the job id and its final state). `verdict`
+    may say more of the outcome than the supervisor knew (a spot node's interruption notice:
+    "preempted")."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
@@ -137,6 +144,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     finally:
         router.close()
         display.close()
+    if verdict is not None:
+        outcome = verdict(outcome)
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
@@ -176,7 +185,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
     lines.append(f"logs and summary kept in {folder.root}")
-    code = EXIT_INTERRUPTED if outcome.status == "interrupted" else 1
+    code = EXIT_INTERRUPTED if outcome.status == "interrupted" else \
+        EXIT_PREEMPTED if outcome.status == "preempted" else 1
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)
