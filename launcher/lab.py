@@ -9,7 +9,8 @@ directions, to make a communication-bound cluster.
 
 `lose(host)` takes a host away as a machine goes (its link first, so no connection hears a
 goodbye; then its processes and its namespace), and `replace_host(host)` brings a fresh host
-in at its place in the inventory.
+in at its place in the inventory: with `LabFleet` they are what `launch run --recover` asks
+of EC2 where a test cannot reach EC2 (docs/provision.md).
 
 `private_workers=True` builds what `launch provision --public-ip head` makes on EC2: only the
 head (host0) is on the bridge this machine can reach; every host, the head included, is on a
@@ -245,6 +246,8 @@ class Lab:
                 "launch_interface": head.ifname,
                 # Run folders inside the lab folder: removing the lab removes them too.
                 "launch_run_root": str(self.dir / "node-runs"),
+                # Where the hosts come from: `launch run --recover` replaces a lost one here.
+                "launch_lab": str(self.dir),
                 "gpus": 0,
                 # The hosts share this machine's cores; each reporting all of them would
                 # make every node start one OpenMP thread per core and oversubscribe.
@@ -445,3 +448,43 @@ def _kill(pid: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
+
+class LabFleet:
+    """The lab as the place a run's machines come from (`launch_lab` in its inventory), for
+    `launch run --recover` (launcher/execute/replace.py): where a test cannot reach EC2, the
+    lab says whether a host is gone and brings a fresh one in, through the same recovery as
+    launcher/provision/replacement.py's Ec2Fleet."""
+
+    def __init__(self, directory: str | Path, say=print):
+        self.lab, self.say = Lab.load(directory), say
+        self.what = f"lab {self.lab.dir}"
+
+    @property
+    def inventory(self) -> str:
+        return str(self.lab.inventory)
+
+    def cost_per_hour(self, count: int) -> float | None:
+        return None
+
+    def gone(self, node: Node) -> str | None:
+        try:
+            lost = self.lab.is_lost(node.name)
+        except LabError:
+            return None
+        return f"lab host {node.name}: its network namespace is gone" if lost else None
+
+    def replace(self, node: Node) -> Node:
+        from launcher.inventory import load_inventory
+
+        host = self.lab.replace_host(node.name)
+        self.say(f"lab host {host.name} ({host.address}) replaces {node.name}")
+        return next(n for n in load_inventory(self.lab.inventory) if n.name == host.name)
+
+    def set_up(self, node: Node) -> None:
+        # The lab's hosts share this machine's software: nothing to install, where an EC2
+        # replacement runs `launch setup`.
+        self.say(f"{node.name}: the lab's hosts share this machine's software; nothing to set "
+                 "up")
+
+    def record(self, entry: dict) -> None:
+        """A lab keeps no ledger; the run's own records are the run folder's."""

@@ -129,7 +129,9 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
                         display=launch.display, store=store, services=[*mirror, *spot],
                         prepare=with_restore(prepare_ssh(plan, by_proc, plan.workdir), plan,
-                                             ssh_runner(by_proc)), verdict=notices.judge)
+                                             ssh_runner(by_proc)), verdict=notices.judge,
+                        node_lost=(lambda name: launch.node_lost(by_node[name]))
+                        if launch.node_lost else None)
 
 
 class SshBackend:
@@ -168,7 +170,13 @@ class SshBackend:
                *, program: Program | None = None, rdzv_port: int | None = None,
                job: Job | None = None, workdir: Any = None) -> dict:
         """Preflight (the code and the workdir shipped on the way), the run folder, plan with
-        the nodes' facts, setup, run, collect."""
+        the nodes' facts, setup, run, collect; with `options.recover`, again on replacements
+        of lost machines (launcher/execute/replace.py)."""
+        if options.recover is not None:
+            from launcher.execute.replace import launch_recovering
+
+            return launch_recovering(self, recipe, nodes, run_id, options, program=program,
+                                     rdzv_port=rdzv_port, job=job, workdir=workdir)
         from launcher.execute.remote_agent import code_files, content_hash
         from launcher.preflight import Shipment, close_all, preflight
         from launcher.runfolder import RunFolder

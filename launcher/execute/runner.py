@@ -64,9 +64,11 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "restarts_allowed": plan.recovery.restarts,
         "hang": outcome.recovery.get("hang"),
     }
-    if outcome.recovery.get("preemption"):
-        # The interruption notices the spot watchers saw (launcher/execute/sidecar.py).
-        summary["preemption"] = outcome.recovery["preemption"]
+    for key in ("preemption", "lost"):
+        # The interruption notices the spot watchers saw (launcher/execute/sidecar.py), the
+        # nodes whose machine was gone (launcher/execute/replace.py).
+        if outcome.recovery.get(key):
+            summary[key] = outcome.recovery[key]
     if plan.mirror is not None:
         from launcher.mirror import mirror_summary
 
@@ -104,21 +106,23 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  services: list[NodeProcess] = (),
                  extra: Callable[[], dict[str, Any]] | None = None,
                  prepare: Callable[..., None] | None = None,
-                 verdict: Callable[[Outcome], Outcome] | None = None) -> dict[str, Any]:
+                 verdict: Callable[[Outcome], Outcome] | None = None,
+                 node_lost: Callable[[str], str | None] | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
     PrepareFailed fails the run before any node starts. `extra` adds the backend's own facts
     to the summary once `after` has run (Slurm: the job id and its final state). `verdict`
     may say more of the outcome than the supervisor knew (a spot node's interruption notice:
-    "preempted")."""
+    "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
+    restarted there)."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
                         plan.recovery.restart_deadline_s, folder.root,
                         user_job=plan.job.kind in ("script", "module", "command"),
-                        restart_together=not plan.job.uses_torchrun)
+                        restart_together=not plan.job.uses_torchrun, node_lost=node_lost)
     steps = StepLines()
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)

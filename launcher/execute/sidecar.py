@@ -75,8 +75,12 @@ class Preemptions:
                     "seen_at_s": round(self.clock() - self.started, 3)}
 
     def judge(self, outcome: Outcome) -> Outcome:
-        """The outcome with its cause where launch knows more than an exit code: an
-        interruption notice ("preempted")."""
+        """The outcome with its cause where launch knows more than an exit code: a node whose
+        machine is gone, an interruption notice ("preempted")."""
+        lost = outcome.recovery.get("lost") or {}
+        if outcome.status == "failed" and outcome.first_failure in lost:
+            outcome.reason = f"node {outcome.first_failure} was lost: " \
+                             f"{lost[outcome.first_failure]}"
         with self._lock:
             notices = list(self.notices.values())
         if not notices:
