@@ -16,8 +16,9 @@ A *unit* is one checkpoint: for the bundled trainer (`--layout trainer`) the pai
 step-NNNNNNNN.pt/.json, taken once complete by train/checkpoint_files.py's rule (the .json is
 written last); for a job of the user's own (`--layout job`) each top-level entry of
 LAUNCH_CHECKPOINT_DIR (a file or a folder), taken once it has settled: names starting with `.`
-or ending in `.tmp` are skipped (write there, then rename), and an entry counts when its files
-kept their size and time across two looks and no process has one of them open for writing.
+or ending in `.tmp` are skipped (write there, then rename), a file counts once no process has
+it open for writing, and a folder once, besides, its files kept their size and time across two
+looks (a sharded save adds its files one after the other).
 
 A unit counts in the mirror only once its manifest exists, and the manifest is written after
 every file of the unit is there (a multipart upload exists only once completed), so a mirror
@@ -377,8 +378,9 @@ class JobUnits:
                 looked[name] = _signature(folder, entry_files(folder, name))
             except OSError:
                 continue  # changing under our feet: the next look
-        stable = [n for n, sig in looked.items() if sig and self._seen.get(n) == sig
-                  and not self.mirrored(n, sig)]
+        # A file is whole once closed; a folder may still be getting files.
+        stable = [n for n, sig in looked.items() if sig and not self.mirrored(n, sig)
+                  and ((folder / n).is_file() or self._seen.get(n) == sig)]
         busy = open_for_writing(folder) if stable else set()
         self._seen = looked
         out = {}
@@ -567,8 +569,9 @@ def watch(folder: Path, dest: str, layout: str, status_file: Path | None,
           + (f" ({status.aborted_uploads} unfinished upload(s) of an earlier process "
              "aborted)" if status.aborted_uploads else ""), flush=True)
     write_status(status_file, status)
+    drain = 2   # looks after SIGTERM: a folder unit settles over two
     while True:
-        last = bool(stop)
+        last = bool(stop) and (drain := drain - 1) <= 0
         failures = len(status.failures)
         try:
             uploaded = mirror.pass_once()
@@ -580,8 +583,9 @@ def watch(folder: Path, dest: str, layout: str, status_file: Path | None,
             write_status(status_file, status)
         if last:
             break
-        deadline = time.monotonic() + (retry_s if failed else interval)
-        while not stop and time.monotonic() < deadline:
+        stopped = bool(stop)   # a SIGTERM during the wait ends it; after one, waits are whole
+        deadline = time.monotonic() + (interval if stopped or not failed else retry_s)
+        while time.monotonic() < deadline and bool(stop) == stopped:
             time.sleep(0.2)
     write_status(status_file, status)
     print(f"mirror: stopped; {len(status.uploaded)} checkpoint(s) mirrored", flush=True)

@@ -130,28 +130,30 @@ def test_a_file_pruned_during_its_upload_still_uploads_whole(tmp_path):
                                   "step-00000010.json")).stat().st_size
 
 
-def test_a_jobs_entries_go_up_once_settled_and_closed(tmp_path):
+def test_a_jobs_entries_go_up_once_closed_and_a_folder_once_settled(tmp_path):
     folder, dest = tmp_path / "ckpt", tmp_path / "mirror"
     folder.mkdir()
     w = watcher(folder, dest, "job")
     (folder / "epoch-1.pt").write_bytes(b"one")
     (folder / ".partial").write_bytes(b"hidden: never")
     (folder / "epoch-2.pt.tmp").write_bytes(b"temp: never")
-    assert w.pass_once() == 0            # seen once: not settled yet
-    assert w.pass_once() == 1            # unchanged since: mirrored
-    # An entry a process still holds open for writing waits, however still it looks.
+    assert w.pass_once() == 1            # a closed file is whole
+    assert w.pass_once() == 0            # and goes up once
+    # A file a process still holds open for writing waits, however still it looks.
     writing = open(folder / "epoch-2.pt", "wb")
     writing.write(b"two")
     writing.flush()
     assert w.pass_once() == 0 and w.pass_once() == 0
     writing.close()
     assert w.pass_once() == 1
-    # A folder is one checkpoint (a sharded save).
+    # A folder is one checkpoint (a sharded save adds its files one by one): taken once it
+    # looked the same twice.
     (folder / "step-3").mkdir()
     (folder / "step-3" / "shard-0").write_bytes(b"a")
+    assert w.pass_once() == 0
     (folder / "step-3" / "shard-1").write_bytes(b"b")
-    w.pass_once()
-    w.pass_once()
+    assert w.pass_once() == 0
+    assert w.pass_once() == 1
     units = mirror.complete_units(FolderStore(str(dest)))
     assert sorted(units) == ["epoch-1.pt", "epoch-2.pt", "step-3"]
     assert [f["path"] for f in units["step-3"]["files"]] == ["step-3/shard-0", "step-3/shard-1"]
@@ -168,12 +170,10 @@ def test_a_checkpoint_rewritten_under_its_name_goes_up_as_a_new_version(tmp_path
     w = watcher(folder, dest, "job")
     (folder / "last.pt").write_bytes(b"old")
     w.pass_once()
-    w.pass_once()
     old = mirror.complete_units(FolderStore(str(dest)))["last.pt"]["version"]
     (folder / "last.pt.tmp").write_bytes(b"newer")
     os.replace(folder / "last.pt.tmp", folder / "last.pt")
-    w.pass_once()
-    w.pass_once()
+    assert w.pass_once() == 1
     new = mirror.complete_units(FolderStore(str(dest)))["last.pt"]
     assert new["version"] != old and new["bytes"] == 5
     assert [p.name for p in (dest / "objects" / "last.pt").iterdir()] == [new["version"]]
