@@ -323,9 +323,18 @@ class Lab:
                            "namespaces with `ip netns` and the folder by hand") from None
 
     def destroy(self) -> None:
-        """Remove everything the lab made; safe to call twice and after a partial build."""
-        for host in self.hosts:
-            for pid in self.pids(host.name):
+        """Remove everything the lab made; safe to call twice and after a partial build. The
+        hosts lab.json lists count too: a replacement another Lab object brought in (the
+        fleet of `launch run --recover` loads its own) is removed with the rest."""
+        hosts = list(self.hosts)
+        if (self.dir / "lab.json").exists():
+            try:
+                known = {h.netns for h in hosts}
+                hosts += [h for h in Lab.load(self.dir).hosts if h.netns not in known]
+            except LabError:
+                pass
+        for host in hosts:
+            for pid in _netns_pids(host.netns):
                 # Whatever still runs in the host's namespace was started inside the lab.
                 _kill(pid)
             if host.sshd_pid:
@@ -402,8 +411,7 @@ class Lab:
 
     def pids(self, name: str) -> list[int]:
         """Processes whose network namespace is this host's: what runs 'on' the host."""
-        out = _run("ip", "netns", "pids", self.host(name).netns, check=False).stdout
-        return [int(p) for p in out.split()]
+        return _netns_pids(self.host(name).netns)
 
     def cap(self, name: str, rate: str, burst: str = "256kb", latency: str = "100ms") -> None:
         """Token-bucket limit on both directions of the host's link."""
@@ -425,6 +433,11 @@ class Lab:
         out = _run("ip", "netns", "exec", host.netns, "cat",
                    f"/sys/class/net/{host.ifname}/statistics/tx_bytes").stdout
         return int(out.strip())
+
+
+def _netns_pids(netns: str) -> list[int]:
+    out = _run("ip", "netns", "pids", netns, check=False).stdout
+    return [int(p) for p in out.split()]
 
 
 def _run_process(pid: int) -> bool:

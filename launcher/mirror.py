@@ -20,16 +20,16 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from launcher.plan import NodeCommand
 from train.checkpoint_files import CHECKPOINT_DIR as CHECKPOINTS
-from train.mirror import STATUS_FILE
+from train.mirror import STATUS_FILE, MirrorError, parse_dest
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # How long the end of a run waits for the watcher's last uploads (it exits as soon as they
 # are in); a checkpoint still uploading after that is not in the mirror (no manifest).
 DRAIN_S = 600.0
@@ -40,17 +40,10 @@ def mirror_problem(value: str) -> str | None:
     """Why `checkpoint.mirror` cannot be used, or None."""
     if not value or len(value) > 1024 or _CONTROL.search(value):
         return "expected s3://BUCKET/PREFIX or an absolute folder, without control characters"
-    if value.startswith("s3://"):
-        bucket = value[5:].split("/", 1)[0]
-        if not _BUCKET.match(bucket) or ".." in bucket:
-            return (f"{value}: {bucket or '(none)'} is not an S3 bucket name (3-63 lowercase "
-                    "letters, digits, '.' and '-')")
-        return None
-    if "://" in value:
-        return f"{value}: only s3:// URLs and folders are mirrors"
-    if not value.startswith("/"):
-        return (f"{value}: a folder mirror is an absolute path that every node mounts at the "
-                "same place (/fsx/checkpoints, an NFS share); or s3://BUCKET/PREFIX")
+    try:
+        parse_dest(value)
+    except MirrorError as err:
+        return str(err)
     return None
 
 
@@ -80,7 +73,7 @@ class MirrorPlan:
                      f"{self.dest}",
                  f"  before the job, on {', '.join(r.name for r in self.restore)}: what the "
                  "mirror has and the folder lacks is brought back",
-                 f"  beside the job on {self.watch.name}: " + " ".join(self.watch.argv)]
+                 f"  beside the job on {self.watch.name}: " + shlex.join(self.watch.argv)]
         return lines
 
 
@@ -89,8 +82,6 @@ def with_mirror(plan: Any, recipe: Any, placements: dict[str, Any], uid: str) ->
     The watcher runs on the head; restores run where a checkpoint folder is: the head's for
     the trainer, every node's for a job (nodes with disks of their own), once per folder of a
     machine (local nodes share one)."""
-    from dataclasses import replace
-
     mirror = recipe.checkpoint.mirror if recipe.checkpoint is not None else None
     if mirror is None:
         return plan

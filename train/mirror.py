@@ -99,7 +99,15 @@ class FolderStore:
 
     def put_file(self, key: str, src: IO[bytes], size: int) -> None:
         def copy(out: IO[bytes]) -> None:
-            shutil.copyfileobj(src, out, 8 << 20)
+            # In the kernel (sendfile): the job's ranks share the node's cores with this copy.
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(out.fileno(), src.fileno(), offset, min(size - offset,
+                                                                          64 << 20))
+                if sent == 0:
+                    raise MirrorError(f"{getattr(src, 'name', '?')} ended at {offset} of "
+                                      f"{size} bytes while it was copied")
+                offset += sent
 
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,9 +121,7 @@ class FolderStore:
     def get_json(self, key: str) -> Any:
         try:
             return json.loads(self._path(key).read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError:
+        except (FileNotFoundError, ValueError):
             return None
 
     def keys(self, prefix: str) -> list[str]:
@@ -257,16 +263,27 @@ class S3Store:
         return len(uploads)
 
 
-def store_for(dest: str, **s3: Any) -> FolderStore | S3Store:
-    match = _S3.match(dest)
-    if match:
-        return S3Store(match.group(1), match.group(2) or "", **s3)
+def parse_dest(dest: str) -> tuple[str, str, str]:
+    """("s3", bucket, prefix) or ("folder", path, ""); MirrorError saying why not."""
     if dest.startswith("s3://"):
-        raise MirrorError(f"{dest} is not s3://BUCKET/PREFIX with a valid bucket name")
+        match = _S3.match(dest)
+        bucket = dest[5:].split("/", 1)[0]
+        if match is None or ".." in bucket:
+            raise MirrorError(f"{dest}: {bucket or '(no bucket)'} is not an S3 bucket name "
+                              "(3-63 lowercase letters, digits, '.' and '-')")
+        return "s3", match.group(1), match.group(2) or ""
+    if "://" in dest:
+        raise MirrorError(f"{dest}: only s3:// URLs and folders are mirrors")
     if not dest.startswith("/"):
-        raise MirrorError(f"{dest}: a mirror folder must be an absolute path (a filesystem "
-                          "every node mounts at the same place)")
-    return FolderStore(dest)
+        raise MirrorError(f"{dest}: a folder mirror is an absolute path that every node mounts "
+                          "at the same place (/fsx/checkpoints, an NFS share); or "
+                          "s3://BUCKET/PREFIX")
+    return "folder", dest, ""
+
+
+def store_for(dest: str, **s3: Any) -> FolderStore | S3Store:
+    kind, where, prefix = parse_dest(dest)
+    return S3Store(where, prefix, **s3) if kind == "s3" else FolderStore(where)
 
 
 # ---- what a checkpoint is ------------------------------------------------------------------
@@ -493,7 +510,7 @@ class Mirror:
         except FileNotFoundError:
             return False  # gone before it could be taken: the next look decides
         except (MirrorError, OSError) as err:
-            self._failed(f"{unit.name}: {err}")
+            self.failed(f"{unit.name}: {err}")
             return False
         finally:
             for _, f in handles:
@@ -523,7 +540,7 @@ class Mirror:
                 self.store.delete([manifest_key(name)])
                 self._drop_objects(name, keep=None)
             except MirrorError as err:
-                self._failed(f"deleting {name}: {err}")
+                self.failed(f"deleting {name}: {err}")
                 continue
             del self.mirrored[name]
             self.status.deleted.append(name)
@@ -535,7 +552,7 @@ class Mirror:
         if stale:
             self.store.delete(stale)
 
-    def _failed(self, text: str) -> None:
+    def failed(self, text: str) -> None:
         self.status.failures.append(text)
         self.say(f"mirror: could not mirror {text}")
 
@@ -576,7 +593,7 @@ def watch(folder: Path, dest: str, layout: str, status_file: Path | None,
         try:
             uploaded = mirror.pass_once()
         except (MirrorError, OSError) as err:  # the store or the disk: try again later
-            mirror._failed(str(err))
+            mirror.failed(str(err))
             uploaded = 0
         failed = len(status.failures) != failures
         if uploaded or failed:

@@ -100,9 +100,12 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
                            label="store") if plan.store else None
 
     by_proc = {p.name: p for p in procs}
+    by_node = {n.name: n for n in nodes}
 
     def collect() -> None:
         def fetch(name: str):
+            if launch.node_lost is not None and launch.node_lost(by_node[name]):
+                return None   # the machine is gone, and its files with it
             # The node process's connection: opened again if it dropped during the run.
             proc = by_proc[name]
             # Whatever of the run still lives there (a job's child in a session of its own):
@@ -119,7 +122,6 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
         for proc in procs:
             proc.close()
 
-    by_node = {n.name: n for n in nodes}
     mirror = watcher(plan, lambda cmd: SshNodeProcess(cmd, head, conns[head.name], options,
                                                        folder.stamp, label="mirror"))
     notices = Preemptions()

@@ -75,7 +75,7 @@ def fleet_of(nodes: list[Node]) -> Fleet:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class RecoveryBook:

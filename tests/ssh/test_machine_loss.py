@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
@@ -59,3 +60,7 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     assert summary["final_loss"] == whole["final_loss"]
     assert summary["eval_accuracy"] == whole["eval_accuracy"]
     assert only_sshd_left(lab) == {}
+    # The replacement is the lab's now: removing the lab removes it too.
+    lab.destroy()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"lab{lab.lab_id}h" not in listed
