@@ -173,8 +173,8 @@ class S3Store:
             from boto3.s3.transfer import TransferConfig
         except ImportError:
             raise MirrorError(f"boto3 is not installed beside {sys.executable}: the S3 mirror "
-                              "needs it on the node (`launch setup` installs it; or pip "
-                              "install boto3)") from None
+                              f"needs it on the node ({sys.executable} -m pip install boto3), "
+                              "or mirror to a shared folder instead") from None
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = boto3.client("s3")
