@@ -16,12 +16,29 @@
                  variant is shown beside it: on a shared machine it moves by more than the
                  checkpoints cost, so the share measured in the trainer is the figure to use.
 
+    machine-loss the head host (host0) taken away as a machine goes (its link cut first, then
+                 everything on it, its disk too) once it has trained past step K, with the
+                 checkpoints mirrored to a folder the hosts share and `--recover`: a fresh lab
+                 host replaces it (launch check, the collective gate), the run resumes from
+                 the mirror's newest checkpoint. Measured: seconds from the loss to the first
+                 resumed step (the benchmark's clock: the loss, and the first step line of the
+                 resumed attempt), split into noticing and stopping (SSH keepalives and the
+                 TCP_USER_TIMEOUT), replacing/checking/gating, and restarting (preflight, the
+                 restore from the mirror, rendezvous, loading); and the steps done again.
+    mirror cost  the cost runs' async-10 again with `checkpoint.mirror` (the shared folder):
+                 seconds each upload took (the watcher's own figure, in its process at nice
+                 10, overlapping training), and what it cost training: the median step and
+                 wall time per step against async-10 without a mirror, per checkpoint as a
+                 share of one step.
+
 Model: the demo's ViT-Tiny (12 blocks, width 192, 5.3 M parameters; a checkpoint with AdamW's
 moments is ~64 MB), digits 8x8, batch 32 per rank, 2 hosts x 1 rank on CPU (gloo).
 
-Needs root. Prints a table, writes benchmarks/results/recovery.json and recovery.txt.
+Needs root. Prints a table, writes benchmarks/results/recovery.json and recovery.txt. `--cases`
+runs some of the cases; the others keep their last results (with their own notes).
 
     .venv/bin/python benchmarks/recovery.py [--kill-at 75] [--steps 150] [--cost-steps 120]
+        [--cases recovery cost machine-loss]
 """
 
 from __future__ import annotations
@@ -30,12 +47,15 @@ import argparse
 import io
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 from contextlib import redirect_stdout
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -44,6 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.backends import LaunchOptions  # noqa: E402
+from launcher.backends.base import Recover  # noqa: E402
 from launcher.backends.ssh import SshBackend  # noqa: E402
 from launcher.display import PlainDisplay  # noqa: E402
 from launcher.errors import RunFailed  # noqa: E402
@@ -54,11 +75,12 @@ from launcher.ssh import SshOptions  # noqa: E402
 from train.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
 
 
-def recipe(name: str, steps: int, checkpoint: dict | None, restarts: int = 0):
+def recipe(name: str, steps: int, checkpoint: dict | None, restarts: int = 0,
+           log_every: int = 10):
     base = yaml.safe_load((REPO / "launcher/recipes/vit-tiny-local.yml").read_text())
     base["name"] = name
     base["train"].pop("epochs")
-    base["train"].update(steps=steps, log_every=10)
+    base["train"].update(steps=steps, log_every=log_every)
     base["rendezvous"]["timeout"] = 120
     base["restarts"] = restarts
     if checkpoint:
@@ -96,12 +118,12 @@ def launch(lab: Lab, rec, run_id: str, runs: Path, port: int, display) -> dict:
 def killer(lab: Lab, run_id: str, kill_at: int, out: dict) -> threading.Thread:
     """Kills host1's rank once its heartbeat shows step >= kill_at (a process of this run:
     its environment carries the run id)."""
-    beat = heartbeat_path(lab.dir / "node-runs" / run_id / "host1", 0)
-
     def watch():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            record = read_heartbeat(beat)
+            # The node's folder is named by the run's uid (launcher/backends/ssh.py).
+            found = sorted((lab.dir / "node-runs").glob(f"{run_id}.*/host1"))
+            record = read_heartbeat(heartbeat_path(found[0], 0)) if found else None
             if record and record.get("phase") == "train" and record["step"] >= kill_at:
                 pid = record["pid"]
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -168,7 +190,160 @@ def cost_row(lab: Lab, name: str, steps: int, checkpoint: dict | None, runs: Pat
     }
 
 
-def table(recovery: list[dict], cost: list[dict], note: str) -> str:
+class LossDisplay(PlainDisplay):
+    """Lines to a log file; the steps each attempt reached and when the resumed one began."""
+
+    STEP = re.compile(r"^step (\d+)/\d+ ")
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.reached = 0
+        self.attempts: list[float] = []       # when each attempt's run began
+        self.resumed_at: float | None = None  # the trainer's "resumed from checkpoint" line
+        self.first_step_at: float | None = None
+
+    def line(self, node: str, rank: str, text: str) -> None:
+        now = time.monotonic()
+        match = self.STEP.match(text)
+        if match and len(self.attempts) == 1:
+            self.reached = max(self.reached, int(match.group(1)))
+        if text.startswith("resumed from checkpoint step") and len(self.attempts) > 1:
+            self.resumed_at = self.resumed_at or now
+        if match and self.resumed_at is not None:
+            self.first_step_at = self.first_step_at or now
+        super().line(node, rank, text)
+
+    def message(self, text: str) -> None:
+        if text.startswith("run ") and " node(s), " in text:
+            self.attempts.append(time.monotonic())
+        super().message(text)
+
+
+def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Path, port: int,
+                     logs: Path) -> dict:
+    run_id = f"lose-head-every-{interval}"
+    head = lab.hosts[0].name
+    mirror_dir = lab.dir / "mirror"
+    rec = recipe(run_id, steps, {"every_steps": interval, "keep": 2, "mirror": str(mirror_dir)},
+                 log_every=1)
+    display = LossDisplay(open(logs / f"{run_id}.log", "w"))  # noqa: SIM115
+    lost: dict = {}
+
+    def loser():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if display.reached >= lose_at:
+                lost["at"], lost["wall"] = time.monotonic(), time.time()
+                lab.lose(head)
+                # Its disk goes with it: the head's checkpoints are only in the mirror now.
+                for folder in (lab.dir / "node-runs").glob(f"{run_id}.*/{head}"):
+                    shutil.rmtree(folder, ignore_errors=True)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=loser, daemon=True)
+    thread.start()
+    try:
+        with redirect_stdout(io.StringIO()):
+            summary = SshBackend(lab.inventory, SshOptions()).launch(
+                rec, load_inventory(lab.inventory), run_id,
+                LaunchOptions(str(runs), display=display, recover=Recover(1, 900)),
+                rdzv_port=port)
+    except RunFailed as err:
+        raise SystemExit(f"{run_id} failed:\n{err}") from None
+    thread.join(timeout=1)
+    (recovery,) = summary["recoveries"]
+    noticed = datetime.fromisoformat(recovery["detected_at"]).timestamp() - lost["wall"]
+    back = display.first_step_at - lost["at"]
+    return {
+        "checkpoint_every_steps": interval,
+        "lost": f"{head} (the head)",
+        "lost_after_step": display.reached,
+        "resumed_from_step": recovery["resumed_from_step"],
+        "steps_lost": display.reached - recovery["resumed_from_step"],
+        "loss_to_first_step_s": round(back, 3),
+        # The loss seen (SSH keepalives, TCP_USER_TIMEOUT), the attempt stopped, its files
+        # fetched from the nodes still there.
+        "notice_and_stop_s": round(noticed, 3),
+        "replace_s": recovery["replace_s"], "setup_s": recovery["setup_s"],
+        "check_s": recovery["checked_s"], "gate_s": recovery["gate_s"],
+        # Preflight (code shipped, nodes checked), the restore from the mirror, rendezvous,
+        # the checkpoint loaded, the first step.
+        "restart_s": round(back - noticed - recovery["recovered_in_s"], 3),
+        "relaunch_to_resumed_line_s": round(display.resumed_at - display.attempts[1], 3),
+        "replacement": recovery["replacement"],
+        "step_time_s": summary["step_time_s"],
+        "accuracy": summary["eval_accuracy"],
+    }
+
+
+class UploadDisplay(PlainDisplay):
+    """Each step line's arrival and duration, and each upload's end and duration (the
+    watcher's "after X s"), on this process's clock: steps and uploads line up in one run."""
+
+    STEP = re.compile(r"^step (\d+)/\d+ .* step_time ([0-9.]+)s ")
+    UPLOAD = re.compile(r"^mirror: (step-\d+) \(.*\) in .* after ([0-9.]+)s$")
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.steps: list[tuple[int, float, float]] = []    # (step, started, ended)
+        self.uploads: list[tuple[str, float, float]] = []  # (unit, started, ended)
+
+    def line(self, node: str, rank: str, text: str) -> None:
+        now = time.monotonic()
+        step, upload = self.STEP.match(text), self.UPLOAD.match(text)
+        if step:
+            self.steps.append((int(step.group(1)), now - float(step.group(2)), now))
+        if upload:
+            self.uploads.append((upload.group(1), now - float(upload.group(2)), now))
+        super().line(node, rank, text)
+
+
+def mirror_cost_row(lab: Lab, steps: int, interval: int, runs: Path, port: int,
+                    logs: Path) -> dict:
+    """The mirror's cost within one run: steps that overlapped an upload against the others
+    of the same run (a comparison between runs carried more of the shared machine's noise
+    than the uploads cost). The steps right after a checkpoint are left out of both: the
+    trainer's own writer runs then, whatever the mirror does."""
+    run_id = "cost-async-mirror"
+    rec = recipe(run_id, steps, {"every_steps": interval, "asynchronous": True,
+                                 "mirror": str(lab.dir / "mirror-cost")}, log_every=1)
+    display = UploadDisplay(open(logs / f"{run_id}.log", "w"))  # noqa: SIM115
+    summary = launch(lab, rec, run_id, runs, port, display)
+    warm = 5
+    usable = [(n, a, b) for n, a, b in display.steps
+              if n > warm and n % interval not in (1, 2)]
+    during = [u for u in display.uploads if u[1] < display.steps[-1][2]]
+
+    def overlaps(a: float, b: float) -> bool:
+        return any(a < end and start < b for _, start, end in during)
+
+    busy = [b - a for _, a, b in usable if overlaps(a, b)]
+    quiet = sorted(b - a for _, a, b in usable if not overlaps(a, b))
+    base = quiet[len(quiet) // 2]
+    # For scale: the trainer's own writer thread (the two steps after each checkpoint, not
+    # overlapping an upload), which the blocking-time figure of the cost table leaves out.
+    writing = [b - a for n, a, b in display.steps
+               if n > warm and n % interval in (1, 2) and not overlaps(a, b)]
+    saves = max(1, len([n for n, _, _ in display.steps if n > warm and n % interval == 0]))
+    mirror = summary["mirror"]
+    return {
+        "checkpoint_every_steps": interval, "steps": len(display.steps),
+        "uploads": mirror["units"], "uploads_during_training": len(during),
+        "bytes_per_upload": mirror["bytes"] // max(1, mirror["units"]),
+        "upload_s_per_checkpoint": mirror["upload_s_per_unit"],
+        "median_step_s": round(base, 6),
+        "upload_in_steps": round(mirror["upload_s_per_unit"] / base, 3),
+        "steps_overlapping_uploads": len(busy),
+        "overlapping_step_ratio": round(sum(busy) / len(busy) / base, 4) if busy else None,
+        "cost_per_checkpoint_share_of_step": round(
+            sum(b - base for b in busy) / base / max(1, len(during)), 4),
+        "writer_cost_per_checkpoint_share_of_step": round(
+            sum(b - base for b in writing) / base / saves, 4),
+    }
+
+
+def recovery_table(recovery: list[dict]) -> list[str]:
     lines = ["recovery: a worker on host1 killed (SIGKILL) after step K, checkpoints kept 2",
              f"{'every':>5} {'killed after':>12} {'resumed from':>12} {'steps lost':>10} "
              f"{'kill->first step s':>18} {'of which load s':>15} {'step s':>7}"]
@@ -177,19 +352,59 @@ def table(recovery: list[dict], cost: list[dict], note: str) -> str:
                      f"{r['resumed_from_step']:>12} {r['steps_lost']:>10} "
                      f"{r['kill_to_first_step_s']:>18.2f} {r['checkpoint_load_s'] or 0:>15.2f} "
                      f"{r['step_time_s']:>7.3f}")
-    lines += ["", "cost of checkpointing every 10 steps (keeper's blocking time over the steps "
-              "taken, as a share of the median step)",
-              f"{'variant':<12} {'saves':>5} {'MB':>6} {'blocking s/save':>15} "
-              f"{'write s/save':>12} {'median step s':>13} {'wall s/step':>11} "
-              f"{'cost/step':>9}"]
+    return lines
+
+
+def cost_table(cost: list[dict]) -> list[str]:
+    lines = ["cost of checkpointing every 10 steps (keeper's blocking time over the steps "
+             "taken, as a share of the median step)",
+             f"{'variant':<15} {'saves':>5} {'MB':>6} {'blocking s/save':>15} "
+             f"{'write s/save':>12} {'median step s':>13} {'wall s/step':>11} "
+             f"{'cost/step':>9}"]
     for c in cost:
         mb = c["bytes"] / 1e6 if c["bytes"] else 0
-        lines.append(f"{c['variant']:<12} {c['saves']:>5} {mb:>6.1f} "
+        lines.append(f"{c['variant']:<15} {c['saves']:>5} {mb:>6.1f} "
                      f"{c['blocking_s_per_save'] or 0:>15.4f} {c['write_s_per_save'] or 0:>12.4f} "
                      f"{c['median_step_s']:>13.4f} {c['wall_per_step_s']:>11.4f} "
                      f"{c['cost_per_step_pct']:>8.2f}%")
-    lines += ["", note]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def loss_table(loss: list[dict], mirror: dict | None) -> list[str]:
+    lines = ["machine loss: the head taken away after step K (its disk too), checkpoints "
+             "mirrored to a shared folder, --recover: a fresh lab host replaces it",
+             f"{'every':>5} {'lost after':>10} {'resumed from':>12} {'steps lost':>10} "
+             f"{'loss->first step s':>18} {'notice+stop s':>13} {'replace+check+gate s':>20} "
+             f"{'restart s':>9}"]
+    for r in loss:
+        middle = r["replace_s"] + r["setup_s"] + r["check_s"] + r["gate_s"]
+        lines.append(f"{r['checkpoint_every_steps']:>5} {r['lost_after_step']:>10} "
+                     f"{r['resumed_from_step']:>12} {r['steps_lost']:>10} "
+                     f"{r['loss_to_first_step_s']:>18.2f} {r['notice_and_stop_s']:>13.2f} "
+                     f"{middle:>20.2f} {r['restart_s']:>9.2f}")
+    if mirror is not None:
+        lines += ["", f"mirror cost within one run (checkpoint every {mirror['checkpoint_every_steps']} "
+                      "steps to a shared folder; steps overlapping an upload against the others)",
+                  f"  {mirror['uploads']} uploads of {mirror['bytes_per_upload'] / 1e6:.1f} MB, "
+                  f"{mirror['upload_s_per_checkpoint']:.3f} s each "
+                  f"({mirror['upload_in_steps']:.2f} steps' time, in its own process at nice 10)",
+                  f"  {mirror['steps_overlapping_uploads']} steps overlapped an upload, each "
+                  f"x{mirror['overlapping_step_ratio']} of the median step "
+                  f"{mirror['median_step_s']:.4f} s: "
+                  f"{100 * mirror['cost_per_checkpoint_share_of_step']:.1f}% of a step per "
+                  "checkpoint",
+                  "  for scale, the trainer's own writer thread in the same run (the 2 steps "
+                  "after each checkpoint): "
+                  f"{100 * mirror['writer_cost_per_checkpoint_share_of_step']:.1f}% of a step "
+                  "per checkpoint"]
+    return lines
+
+
+def load_previous(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def main() -> int:
@@ -197,47 +412,88 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="steps of the recovery runs")
     p.add_argument("--kill-at", type=int, default=75,
-                   help="kill host1's worker once it has done this many steps")
+                   help="kill host1's worker (take host0 away) once it has done this many steps")
     p.add_argument("--cost-steps", type=int, default=120, help="steps of the cost runs")
     p.add_argument("--intervals", type=int, nargs="+", default=[10, 50])
+    p.add_argument("--cases", nargs="+", default=["recovery", "cost", "machine-loss"],
+                   choices=["recovery", "cost", "machine-loss"])
     p.add_argument("--out", default=str(REPO / "benchmarks/results/recovery.json"))
     args = p.parse_args()
 
-    recovery, cost = [], []
+    out = Path(args.out)
+    data = load_previous(out)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         runs, logs = Path(tmp) / "runs", Path(tmp)
         lab = Lab.create(Path(tmp) / "lab", 2)
+        note = ""
         try:
             port = 29900
-            for interval in args.intervals:
+            if "recovery" in args.cases:
+                recovery = []
+                for interval in args.intervals:
+                    port += 1
+                    row = recovery_row(lab, interval, args.steps, args.kill_at, runs, port, logs)
+                    recovery.append(row)
+                    print(f"  every {interval}: {row['kill_to_first_step_s']}s from the kill "
+                          f"to the first resumed step, {row['steps_lost']} step(s) lost",
+                          file=sys.stderr, flush=True)
+                data["recovery"] = recovery
+            if "cost" in args.cases:
+                cost = []
+                for name, checkpoint in (("none", None),
+                                         ("async-10", {"every_steps": 10,
+                                                       "asynchronous": True}),
+                                         ("sync-10", {"every_steps": 10,
+                                                      "asynchronous": False})):
+                    port += 1
+                    row = cost_row(lab, name, args.cost_steps, checkpoint, runs, port, logs)
+                    cost.append(row)
+                    print(f"  {name}: {row['cost_per_step_pct']}% per step", file=sys.stderr,
+                          flush=True)
+                data["cost"] = cost
+            if "machine-loss" in args.cases:
                 port += 1
-                row = recovery_row(lab, interval, args.steps, args.kill_at, runs, port, logs)
-                recovery.append(row)
-                print(f"  every {interval}: {row['kill_to_first_step_s']}s from the kill to "
-                      f"the first resumed step, {row['steps_lost']} step(s) lost",
-                      file=sys.stderr, flush=True)
-            for name, checkpoint in (("none", None),
-                                     ("async-10", {"every_steps": 10, "asynchronous": True}),
-                                     ("sync-10", {"every_steps": 10, "asynchronous": False})):
-                port += 1
-                row = cost_row(lab, name, args.cost_steps, checkpoint, runs, port, logs)
-                cost.append(row)
-                print(f"  {name}: {row['cost_per_step_pct']}% per step", file=sys.stderr,
-                      flush=True)
+                data["mirror_cost"] = mirror_cost_row(lab, args.cost_steps, 10, runs, port,
+                                                      logs)
+                print(f"  mirror: {data['mirror_cost']['cost_per_checkpoint_share_of_step']} "
+                      "of a step per checkpoint", file=sys.stderr, flush=True)
+            if "machine-loss" in args.cases:
+                loss = []
+                for interval in args.intervals:
+                    port += 1
+                    # Each case loses the head anew: the lab's head is the replacement now.
+                    row = machine_loss_row(lab, interval, args.steps, args.kill_at, runs,
+                                           port, logs)
+                    loss.append(row)
+                    print(f"  machine loss, every {interval}: {row['loss_to_first_step_s']}s "
+                          f"from the loss to the first resumed step, {row['steps_lost']} "
+                          "step(s) lost", file=sys.stderr, flush=True)
+                    lab = Lab.load(lab.dir)   # the replacement is the head now
+                data["machine_loss"] = loss
         finally:
             lab.destroy()
-    note = (f"2 lab hosts x 1 rank, gloo on CPU ({os.cpu_count()} cores), load average at the "
-            f"end {os.getloadavg()[0]:.1f}: the machine is shared with other work, so wall "
-            "times carry its noise; the trainer's own blocking-time figure does not depend on "
-            "a comparison between runs.")
-    text = table(recovery, cost, note)
+        note = (f"2 lab hosts x 1 rank, gloo on CPU ({os.cpu_count()} cores), load average at "
+                f"the end {os.getloadavg()[0]:.1f}: the machine is shared with other work, so "
+                "wall times carry its noise; the trainer's own blocking-time figure does not "
+                "depend on a comparison between runs.")
+    for case in args.cases:
+        data.setdefault("notes", {})[case] = note
+    data["model"] = ("vit_tiny (12 blocks, width 192, 5.3 M params), digits 8x8, patch 4, "
+                     "batch 32 per rank, 2 lab hosts x 1 rank")
+    data["kill_at_step"] = args.kill_at
+    data.pop("note", None)
+    lines = []
+    if data.get("recovery"):
+        lines += recovery_table(data["recovery"]) + [""]
+    if data.get("cost"):
+        lines += cost_table(data["cost"]) + [""]
+    if data.get("machine_loss"):
+        lines += loss_table(data["machine_loss"], data.get("mirror_cost")) + [""]
+    lines += [f"{case}: {text}" for case, text in data.get("notes", {}).items()]
+    text = "\n".join(lines) + "\n"
     print(text, end="")
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"recovery": recovery, "cost": cost, "note": note,
-                               "model": "vit_tiny (12 blocks, width 192, 5.3 M params), digits "
-                                        "8x8, patch 4, batch 32 per rank, 2 lab hosts x 1 rank",
-                               "kill_at_step": args.kill_at}, indent=2) + "\n")
+    out.write_text(json.dumps(data, indent=2) + "\n")
     out.with_suffix(".txt").write_text(text)
     print(f"wrote {out} and {out.with_suffix('.txt')}")
     return 0

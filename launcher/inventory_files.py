@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import InventoryError
-from launcher.recipe import MAX_NODES
+from launcher.limits import MAX_NODES
 from launcher.yamlfile import YamlFileError, load_yaml_text, read_text_file, shorten
 
 MAX_FILES = 1000

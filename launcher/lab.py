@@ -7,6 +7,11 @@ machine's file system and processes; only the network is theirs (so `ip netns pi
 which processes run "on" a host). `cap` limits a host's link with tc (tbf) in both
 directions, to make a communication-bound cluster.
 
+`lose(host)` takes a host away as a machine goes (its link first, so no connection hears a
+goodbye; then its processes and its namespace), and `replace_host(host)` brings a fresh host
+in at its place in the inventory: with `LabFleet` they are what `launch run --recover` asks
+of EC2 where a test cannot reach EC2 (docs/provision.md).
+
 `private_workers=True` builds what `launch provision --public-ip head` makes on EC2: only the
 head (host0) is on the bridge this machine can reach; every host, the head included, is on a
 second bridge this machine has no address on. The inventory reaches the other hosts through the
@@ -102,6 +107,7 @@ class Lab:
     hosts: list[LabHost] = field(default_factory=list)
     private_subnet: str | None = None   # private_workers: the network behind the head
     private_bridge: str | None = None
+    python: str | None = None           # the hosts' interpreter (the inventory's launch_python)
 
     # ---- paths -----------------------------------------------------------------------
     @property
@@ -132,7 +138,8 @@ class Lab:
         directory.mkdir(parents=True, exist_ok=True)
         lab_id = secrets.token_hex(2)
         net = _free_subnet()
-        lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br")
+        lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br",
+                  python=python or sys.executable)
         if private_workers:
             lab.private_subnet = str(_free_subnet(private=True))
             lab.private_bridge = f"lab{lab_id}pb"
@@ -166,18 +173,8 @@ class Lab:
                            veth=f"lab{self.lab_id}v{i}")
             self.hosts.append(host)
             self.save()
-            _run("ip", "netns", "add", host.netns)
-            # The machine's DNS server is unreachable from the namespace, and every lookup
-            # (c10d resolves each peer's name, sshd too) then waited for a resolver timeout:
-            # runs took 26 s to pass rendezvous instead of a few. `ip netns exec` mounts this
-            # file over /etc/resolv.conf for the host's sshd and all it starts: lookups fail
-            # at once and fall back to addresses.
-            etc = Path("/etc/netns") / host.netns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
-                                             "nameserver 127.0.0.1\n")
+            self._namespace(host)
             ns = ("ip", "netns", "exec", host.netns)
-            _run(*ns, "ip", "link", "set", "lo", "up")
             if private is None or i == 0:
                 self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
                 _run(*ns, "ip", "route", "add", "default", "via", str(gateway))
@@ -196,6 +193,19 @@ class Lab:
         self.known_hosts.write_text("".join(known))
         self._wait_for_sshd()
         self._write_inventory(python)
+
+    def _namespace(self, host: LabHost) -> None:
+        _run("ip", "netns", "add", host.netns)
+        # The machine's DNS server is unreachable from the namespace, and every lookup
+        # (c10d resolves each peer's name, sshd too) then waited for a resolver timeout:
+        # runs took 26 s to pass rendezvous instead of a few. `ip netns exec` mounts this
+        # file over /etc/resolv.conf for the host's sshd and all it starts: lookups fail
+        # at once and fall back to addresses.
+        etc = Path("/etc/netns") / host.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
+                                         "nameserver 127.0.0.1\n")
+        _run("ip", "netns", "exec", host.netns, "ip", "link", "set", "lo", "up")
 
     def _link(self, host: LabHost, root_end: str, inside: str, bridge: str, address: str,
               prefixlen: int) -> None:
@@ -236,6 +246,8 @@ class Lab:
                 "launch_interface": head.ifname,
                 # Run folders inside the lab folder: removing the lab removes them too.
                 "launch_run_root": str(self.dir / "node-runs"),
+                # Where the hosts come from: `launch run --recover` replaces a lost one here.
+                "launch_lab": str(self.dir),
                 "gpus": 0,
                 # The hosts share this machine's cores; each reporting all of them would
                 # make every node start one OpenMP thread per core and oversubscribe.
@@ -279,9 +291,9 @@ class Lab:
         public = Path(f"{host_key}.pub").read_text().split()
         return f"{host.address} {public[0]} {public[1]}\n"
 
-    def _wait_for_sshd(self, timeout: float = 20.0) -> None:
+    def _wait_for_sshd(self, timeout: float = 20.0, hosts: list[LabHost] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        for host in self.hosts:
+        for host in hosts or self.hosts:
             while True:
                 # Probed from inside the host: this machine cannot reach hosts behind the head.
                 probe = _run("ip", "netns", "exec", host.netns, "bash", "-c",
@@ -311,9 +323,18 @@ class Lab:
                            "namespaces with `ip netns` and the folder by hand") from None
 
     def destroy(self) -> None:
-        """Remove everything the lab made; safe to call twice and after a partial build."""
-        for host in self.hosts:
-            for pid in self.pids(host.name):
+        """Remove everything the lab made; safe to call twice and after a partial build. The
+        hosts lab.json lists count too: a replacement another Lab object brought in (the
+        fleet of `launch run --recover` loads its own) is removed with the rest."""
+        hosts = list(self.hosts)
+        if (self.dir / "lab.json").exists():
+            try:
+                known = {h.netns for h in hosts}
+                hosts += [h for h in Lab.load(self.dir).hosts if h.netns not in known]
+            except LabError:
+                pass
+        for host in hosts:
+            for pid in _netns_pids(host.netns):
                 # Whatever still runs in the host's namespace was started inside the lab.
                 _kill(pid)
             if host.sshd_pid:
@@ -327,6 +348,60 @@ class Lab:
             _run("ip", "link", "del", self.private_bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    # ---- machines that go, and their replacements ------------------------------------
+    def lose(self, name: str) -> None:
+        """The host goes away as a machine does: its links first (no connection to it hears a
+        goodbye: launch must notice by itself), then everything that ran on it, then its
+        namespace. It stays in the lab's list until replace_host() takes its place."""
+        host = self.host(name)
+        for link in dict.fromkeys([host.veth, *host.links]):
+            _run("ip", "link", "del", link, check=False)
+        for pid in self.pids(name):
+            if _run_process(pid):
+                _kill(pid)
+        # The hosts share this machine's files: a login shell killed mid-start left a lock of
+        # the machine's (pyenv's rehash lock) behind, and every later login waited 60 s on it.
+        # What is not the run's may finish first.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and \
+                any(not _is_sshd(pid) for pid in self.pids(name)):
+            time.sleep(0.1)
+        for pid in self.pids(name):
+            _kill(pid)
+        _kill(host.sshd_pid)
+        _run("ip", "netns", "del", host.netns, check=False)
+        shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
+
+    def is_lost(self, name: str) -> bool:
+        listed = _run("ip", "netns", "list", check=False).stdout
+        return self.host(name).netns not in {line.split()[0] for line in listed.splitlines()
+                                             if line.strip()}
+
+    def replace_host(self, name: str) -> LabHost:
+        """A fresh host (a new namespace, address and sshd, its key in known_hosts) in the
+        place of `name` in the lab and its inventory, as a replacement instance takes a lost
+        node's place in a cluster's inventory."""
+        if self.private_bridge:
+            raise LabError("replacing a host of a lab with private workers is not supported")
+        lost = self.host(name)
+        index = max(int(h.netns.rsplit("h", 1)[1]) for h in self.hosts) + 1
+        net = ipaddress.ip_network(self.subnet)
+        host = LabHost(name=f"host{index}", netns=f"lab{self.lab_id}h{index}",
+                       address=str(net.network_address + 10 + index),
+                       veth=f"lab{self.lab_id}v{index}")
+        self.hosts[self.hosts.index(lost)] = host
+        self.save()
+        self._namespace(host)
+        self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
+        _run("ip", "netns", "exec", host.netns, "ip", "route", "add", "default", "via",
+             str(net.network_address + 1))
+        with open(self.known_hosts, "a") as known:
+            known.write(self._start_sshd(host))
+        self.save()
+        self._wait_for_sshd(hosts=[host])
+        self._write_inventory(self.python or sys.executable)
+        return host
+
     # ---- use ---------------------------------------------------------------------------
     def host(self, name: str) -> LabHost:
         for host in self.hosts:
@@ -336,8 +411,7 @@ class Lab:
 
     def pids(self, name: str) -> list[int]:
         """Processes whose network namespace is this host's: what runs 'on' the host."""
-        out = _run("ip", "netns", "pids", self.host(name).netns, check=False).stdout
-        return [int(p) for p in out.split()]
+        return _netns_pids(self.host(name).netns)
 
     def cap(self, name: str, rate: str, burst: str = "256kb", latency: str = "100ms") -> None:
         """Token-bucket limit on both directions of the host's link."""
@@ -361,8 +435,69 @@ class Lab:
         return int(out.strip())
 
 
+def _netns_pids(netns: str) -> list[int]:
+    out = _run("ip", "netns", "pids", netns, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def _run_process(pid: int) -> bool:
+    """A process of a launch run (its environment carries the run's stamp)."""
+    try:
+        return b"LAUNCH_RUN_STAMP=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "sshd"
+    except OSError:
+        return True
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class LabFleet:
+    """The lab as the place a run's machines come from (`launch_lab` in its inventory), for
+    `launch run --recover` (launcher/execute/replace.py): where a test cannot reach EC2, the
+    lab says whether a host is gone and brings a fresh one in, through the same recovery as
+    launcher/provision/replacement.py's Ec2Fleet."""
+
+    def __init__(self, directory: str | Path, say=print):
+        self.lab, self.say = Lab.load(directory), say
+        self.what = f"lab {self.lab.dir}"
+
+    @property
+    def inventory(self) -> str:
+        return str(self.lab.inventory)
+
+    def cost_per_hour(self, count: int) -> float | None:
+        return None
+
+    def gone(self, node: Node) -> str | None:
+        try:
+            lost = self.lab.is_lost(node.name)
+        except LabError:
+            return None
+        return f"lab host {node.name}: its network namespace is gone" if lost else None
+
+    def replace(self, node: Node) -> Node:
+        from launcher.inventory import load_inventory
+
+        host = self.lab.replace_host(node.name)
+        self.say(f"lab host {host.name} ({host.address}) replaces {node.name}")
+        return next(n for n in load_inventory(self.lab.inventory) if n.name == host.name)
+
+    def set_up(self, node: Node) -> None:
+        # The lab's hosts share this machine's software: nothing to install, where an EC2
+        # replacement runs `launch setup`.
+        self.say(f"{node.name}: the lab's hosts share this machine's software; nothing to set "
+                 "up")
+
+    def record(self, entry: dict) -> None:
+        """A lab keeps no ledger; the run's own records are the run folder's."""

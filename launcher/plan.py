@@ -104,7 +104,7 @@ class Recovery:
 def recovery_of(recipe: Recipe, job: Job | None = None) -> Recovery:
     ckpt = recipe.checkpoint
     every = None
-    if ckpt is not None:
+    if ckpt is not None and ckpt.writes:
         every = (f"{ckpt.every_steps} steps" if ckpt.every_steps is not None
                  else f"{ckpt.every_minutes:g} minutes")
     return Recovery(restarts=recipe.restarts, hang_timeout_s=recipe.hang_timeout_s,
@@ -133,6 +133,10 @@ class RunPlan:
     # the YAML of a recipe made from the command line (it has no file to copy).
     recipe_base_dir: str | None = None
     recipe_text: str | None = None
+    # Where checkpoints are mirrored off the head (launcher/mirror.py MirrorPlan), if anywhere.
+    mirror: Any = None
+    # The interruption-notice watcher on each spot node (launcher/spot.py).
+    spot: tuple[NodeCommand, ...] = ()
 
     @property
     def nnodes(self) -> int:
@@ -155,6 +159,8 @@ class RunPlan:
             "nodes": [n.to_json() for n in self.nodes],
             "store": self.store.to_json() if self.store else None,
             "recovery": self.recovery.to_json(),
+            "mirror": self.mirror.to_json() if self.mirror is not None else None,
+            "spot": [w.to_json() for w in self.spot],
             "notes": list(self.notes),
         }
 
@@ -171,6 +177,13 @@ class RunPlan:
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  {self.recovery.describe()}")
         lines += render_workdir(self.workdir, self.job.setup)
+        if self.mirror is not None:
+            lines += self.mirror.render()
+        if self.spot:
+            lines += ["", f"spot nodes {', '.join(w.name for w in self.spot)}: a watcher reads "
+                          "EC2's interruption notice (instance metadata) and sends the ranks "
+                          "there SIGUSR1, the last-chance checkpoint signal:",
+                      "    " + shlex.join(self.spot[0].argv)]
         if self.store:
             lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
                           "the last agent):", "    " + shlex.join(self.store.argv)]

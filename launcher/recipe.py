@@ -16,6 +16,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
                       field_validator, model_validator)
 
 from launcher.errors import RecipeError
+from launcher.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launcher.names import control_problem, name_problem
 from launcher.sbatch_args import SbatchArgError, normalize
 from launcher.yamlfile import YamlFileError, load_yaml_file, shorten
@@ -28,8 +29,6 @@ VIT_WIDTH_HEADS = {"vit_tiny": (192, 3), "vit_s16": (384, 6), "vit_b16": (768, 1
 MAX_ARGS = 4096
 MAX_ARG = 64 * 1024
 MAX_SETUP = 64
-MAX_NODES = 4096
-MAX_PROCS_PER_NODE = 64
 MAX_ENV_VALUE = 4096
 MAX_RESTARTS = 1000
 
@@ -244,18 +243,39 @@ class Slurm(_Strict):
 
 
 class Checkpoint(_Strict):
-    """When the trainer writes the state a run continues from (train/checkpoint.py)."""
+    """When the trainer writes the state a run continues from (train/checkpoint.py), and
+    where checkpoints are mirrored off the node that writes them (the trainer's, or a job's
+    LAUNCH_CHECKPOINT_DIR: train/mirror.py)."""
 
     every_steps: WholeNumber | None = _field("checkpoint.every_steps")
     every_minutes: Number | None = _field("checkpoint.every_minutes")
     keep: WholeNumber = _field("checkpoint.keep")
     asynchronous: Switch = _field("checkpoint.asynchronous")
+    # s3://bucket/prefix, or a folder every node mounts at the same path (/fsx/ckpt, NFS).
+    mirror: str | None = None
+
+    @field_validator("mirror")
+    @classmethod
+    def _mirror(cls, value: str | None) -> str | None:
+        from train.mirror import mirror_problem
+
+        problem = mirror_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _when(self) -> Checkpoint:
-        if (self.every_steps is None) == (self.every_minutes is None):
+        both = self.every_steps is not None and self.every_minutes is not None
+        if both or (self.every_steps is None and self.every_minutes is None
+                    and self.mirror is None):
             raise ValueError("set exactly one of every_steps or every_minutes")
         return self
+
+    @property
+    def writes(self) -> bool:
+        """The trainer writes checkpoints (a block with only `mirror` is a job's)."""
+        return self.every_steps is not None or self.every_minutes is not None
 
 
 def _plain_text(value: str, what: str) -> str:
@@ -391,17 +411,25 @@ class Recipe(_Strict):
         if self.job is not None:
             # Settings of the bundled trainer that a job of the user's own would silently
             # ignore: refused, so that nobody believes they took effect.
-            for key in ("ddp", "checkpoint"):
-                if key in self.model_fields_set:
-                    raise ValueError(
-                        f"{key}: configures the bundled trainer (train:); a job of your own "
-                        + ("sets DDP up in its own code" if key == "ddp" else
-                           "saves into $LAUNCH_CHECKPOINT_DIR when it chooses (docs/jobs.md)"))
+            if "ddp" in self.model_fields_set:
+                raise ValueError("ddp: configures the bundled trainer (train:); a job of your "
+                                 "own sets DDP up in its own code")
+            trainer_keys = sorted(self.checkpoint.model_fields_set - {"mirror"}) \
+                if self.checkpoint is not None else []
+            if trainer_keys:
+                raise ValueError(
+                    f"checkpoint.{trainer_keys[0]}: configures the bundled trainer (train:); a "
+                    "job of your own saves into $LAUNCH_CHECKPOINT_DIR when it chooses "
+                    "(docs/jobs.md), and only checkpoint.mirror applies to it")
             if self.job.script and not self.job.script.startswith("/") and \
                     self.workdir is None:
                 raise ValueError(f"job.script {self.job.script} is relative to the workdir: "
                                  "set workdir (e.g. workdir: . for the recipe's folder), or "
                                  "give an absolute path on the nodes")
+        elif self.checkpoint is not None and not self.checkpoint.writes:
+            raise ValueError("checkpoint: mirror is set but neither every_steps nor "
+                             "every_minutes: set one, or the trainer writes no checkpoint to "
+                             "mirror")
         return self
 
     @property

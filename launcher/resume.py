@@ -154,6 +154,11 @@ def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_siz
                           "the recipe the run started with")
     found = point.checkpoint
     skipped = "".join(f"\n  not loadable, {why}" for why in point.skipped)
+    if found is None and recipe.checkpoint.mirror is not None:
+        from launcher.mirror import newest_mirrored
+
+        found = newest_mirrored(recipe.checkpoint.mirror, run_id, point.folder.uid,
+                                required=checkpoint_must_be_here)
     if found is None:
         where = point.checkpoint_dir
         if checkpoint_must_be_here:
@@ -173,4 +178,6 @@ def check_resume(point: ResumePoint, recipe: Recipe, nodes: list[str], world_siz
             f"than {recipe.source}, and cannot be continued:\n  " + "\n  ".join(problems)
             + "\nResume with the recipe the run started with, or start a new run")
     return [f"resuming run {run_id} from checkpoint step {found.step} ({found.state})"
+            + (": the head's copy is gone; the mirror's is brought back before the trainer "
+               "starts" if found.state != point.checkpoint_dir / found.name else "")
             + skipped]

@@ -21,13 +21,13 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, Strict, Vali
 
 from launcher import safefile
 from launcher.errors import LauncherError
+from launcher.limits import MAX_NODES
 from launcher.names import RULES, component_problem
 from launcher.yamlfile import shorten
 
 MAX_RECORD = 32 * safefile.MIB        # plan.json of 4096 nodes with their env is a few MB
 MAX_SMALL = 1 * safefile.MIB          # launch.json, a checkpoint's .json, node facts
 MAX_METRICS_TAIL = 16 * safefile.MIB  # the report averages the last logged steps
-MAX_NODES = 4096
 MAX_STEP = 10**12
 MAX_ATTEMPT = 10**6
 

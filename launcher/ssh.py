@@ -33,6 +33,8 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 MAX_KNOWN_HOSTS = 64 * safefile.MIB
 MAX_KEY_FILE = 1 * safefile.MIB
 _HOP = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^:\s]+)(?::(?P<port>[0-9]+))?")
+# Seconds a connection's data may stay unacknowledged before it counts as dead.
+DEAD_LINK_S = 20.0
 # ssh flags that take no value, so a ProxyCommand's destination can be told from its options.
 _SSH_FLAGS = set("46AaCfGgKkMNnqsTtVvXxYy")
 
@@ -381,6 +383,12 @@ def connect(node: Node, options: SshOptions) -> Connection:
     transport = conn.client.get_transport()
     if transport is not None:
         transport.set_keepalive(5)  # notice a dead link in seconds, not at the TCP timeout
+        if isinstance(transport.sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+            # The keepalives alone only queue up when the host is gone without a word (a
+            # machine lost, a spot reclaim): the kernel retried them for ~15 minutes before
+            # the connection failed. Unacknowledged for this long, it fails now.
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                      int(DEAD_LINK_S * 1000))
     return conn
 
 

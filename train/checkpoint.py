@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
 from train.options import OPTIONS, RESUME_KEYS, resume_signature
 
 KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
+# Set by launch when some node can be taken away with notice (a spot instance): every step,
+# the ranks agree whether one of them got the last-chance signal (SIGUSR1, train/spot.py).
+INTERRUPTIBLE_ENV = "LAUNCH_INTERRUPTIBLE"
+LAST_CHANCE = signal.SIGUSR1
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class Stats:
     waited_s: float = 0.0
     last_bytes: int = 0
     failures: list[str] = field(default_factory=list)
+    last_chance_steps: list[int] = field(default_factory=list)  # saved on a notice
 
     def to_json(self) -> dict[str, Any]:
         return {"saves": self.saves, "blocking_s": round(self.blocking_s, 6),
@@ -135,7 +141,8 @@ class Stats:
                 "copy_s_per_save": round(self.copy_s / self.saves, 6) if self.saves else None,
                 "write_s_per_save": round(self.write_s / self.saves, 6) if self.saves else None,
                 "waited_for_previous_s": round(self.waited_s, 6),
-                "bytes": self.last_bytes, "failures": self.failures}
+                "bytes": self.last_bytes, "failures": self.failures,
+                "last_chance_steps": self.last_chance_steps}
 
 
 class Writer:
@@ -196,6 +203,15 @@ class Checkpointer:
         self.writer = Writer(self.folder, policy.keep, policy.asynchronous, self.stats) \
             if self.is_keeper else None
         self._last_save_at = time.monotonic()
+        self.interruptible = os.environ.get(INTERRUPTIBLE_ENV) == "1"
+        self._notice = False
+        if policy.enabled and threading.current_thread() is threading.main_thread():
+            # Only with checkpoints on: a rank without the handler is left alone by the
+            # spot watcher (it would die of SIGUSR1's default action).
+            signal.signal(LAST_CHANCE, self._noticed)
+
+    def _noticed(self, signum, frame) -> None:
+        self._notice = True
 
     @property
     def is_keeper(self) -> bool:
@@ -212,16 +228,24 @@ class Checkpointer:
 
     # ---- saving ---------------------------------------------------------------------------
     def due(self, step: int) -> bool:
-        if self.policy.every_steps is not None:
-            return step % self.policy.every_steps == 0
-        if self.policy.every_minutes is None:
-            return False
-        # Ranks' clocks differ: the keeper's decides, and every rank learns it (a save is a
-        # collective, so all must agree on the step).
-        late = time.monotonic() - self._last_save_at >= self.policy.every_minutes * 60
-        flag = torch.tensor([1.0 if late and self.is_keeper else 0.0], device=self.device)
+        scheduled = self.policy.every_steps is not None and step % self.policy.every_steps == 0
+        if self.policy.every_minutes is None and not self.interruptible:
+            return scheduled
+        # Ranks' clocks differ, and a notice reaches one node's ranks: the keeper's clock
+        # decides, a notice anywhere counts, and every rank learns both (a save is a
+        # collective, so all must agree on the step). 2: a notice, 1: the keeper's clock.
+        late = self.policy.every_minutes is not None and self.is_keeper and \
+            time.monotonic() - self._last_save_at >= self.policy.every_minutes * 60
+        flag = torch.tensor([2.0 if self._notice else 1.0 if late else 0.0],
+                            device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() > 0
+        if flag.item() >= 2:
+            self._notice = False
+            if self.is_keeper:
+                self.stats.last_chance_steps.append(step)
+                print(f"last-chance checkpoint at step {step}: a node got an interruption "
+                      "notice", flush=True)
+        return scheduled or flag.item() > 0
 
     def save(self, run) -> None:
         """At step run.step: every rank sends its part; the keeper copies and hands the

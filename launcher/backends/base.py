@@ -65,6 +65,15 @@ class GroupResult:
 
 
 @dataclass(frozen=True)
+class Recover:
+    """`launch run --recover`: how many lost machines a run may replace, and how long each
+    replacement may take (launcher/execute/replace.py)."""
+
+    max_recoveries: int = 2
+    timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """How to carry out a run (not what to run): the same for every backend."""
 
@@ -73,6 +82,10 @@ class LaunchOptions:
     display: Any = None                  # launcher.display.*; None: chosen by the terminal
     # Continue the run in its existing folder (a new attempt, launcher/resume.py checked it).
     resume: bool = False
+    # Replace a lost machine and go on (SSH backends whose inventory names its fleet).
+    recover: Recover | None = None
+    # Whether a node's machine is gone (why, or None): its agent is then not restarted there.
+    node_lost: Callable[[Node], str | None] | None = None
 
 
 class Backend(Protocol):

@@ -99,7 +99,10 @@ class LocalBackend:
 
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
              program: Program | None = None, rdzv_port: int | None = None,
-             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> RunPlan:
+             job: Job | None = None, workdir: Any = None, attempt: int = 0,
+             uid: str = "UID") -> RunPlan:
+        from launcher.mirror import with_mirror
+
         check_recipe_for_hardware(recipe, self.gpus(nodes))
         job = job or default_job(recipe, program)
         root = Path(self.cwd, runs_dir).resolve() / run_id
@@ -119,13 +122,15 @@ class LocalBackend:
         port = rdzv_port or self.port
         notes = (f"rendezvous port {port} on 127.0.0.1 was free when planned (the recipe's "
                  f"port {recipe.rendezvous.port} is for clusters)",)
-        return plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes,
+        plan = plan_run(recipe, nodes, run_id, placements, rdzv_port=port, notes=notes,
                         program=program, job=job, workdir=workdir, attempt=attempt)
+        return with_mirror(plan, recipe, placements, uid)
 
     def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
                *, program: Program | None = None, rdzv_port: int | None = None,
                job: Job | None = None, workdir: Any = None) -> dict:
         from launcher.execute.local_agent import LocalNodeProcess, reap_run
+        from launcher.execute.mirrored import watcher, with_restore
         from launcher.execute.runner import execute_plan
         from launcher.execute.prepare import prepare_local
         from launcher.runfolder import RunFolder
@@ -146,12 +151,14 @@ class LocalBackend:
                                       resume=options.resume)
         plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
                          rdzv_port=rdzv_port, job=job, workdir=workdir,
-                         attempt=folder.attempt_base())
+                         attempt=folder.attempt_base(), uid=folder.uid or "UID")
         procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
         store = LocalNodeProcess(plan.store, folder.stamp, label="store") if plan.store else None
         return execute_plan(plan, folder, procs, grace_s=options.grace_s,
                             display=options.display, after=lambda: reap_run(folder.stamp),
-                            store=store, prepare=prepare_local(plan, workdir))
+                            store=store, prepare=with_restore(prepare_local(plan, workdir), plan),
+                            services=watcher(plan, lambda cmd: LocalNodeProcess(
+                                cmd, folder.stamp, label="mirror")))
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

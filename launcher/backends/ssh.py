@@ -72,17 +72,23 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
             extra_env=facts[n.name].env if facts else {},
             workdir=_on_node(home, node_workdir(n, job.workdir)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
-    return plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
+    from launcher.mirror import with_mirror
+    from launcher.spot import with_spot_watch
+
+    plan = plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
                     program=program, job=job, workdir=workdir, attempt=attempt)
+    return with_spot_watch(with_mirror(plan, recipe, placements, uid), nodes, placements)
 
 
 def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
                       launch: LaunchOptions, code: dict, folder) -> dict:
     """Run and collect a planned run on open connections (the code and the workdir are on
     the nodes already, checked by preflight); returns the summary."""
+    from launcher.execute.mirrored import ssh_runner, watcher, with_restore
     from launcher.execute.prepare import prepare_ssh
     from launcher.execute.remote_agent import SshNodeProcess, fetch_tree
     from launcher.execute.runner import execute_plan
+    from launcher.execute.sidecar import Preemptions, Sidecar
 
     commands = {c.name: c for c in plan.nodes}
     # Every node provably runs the same code: the hash each node computed is this one.
@@ -94,9 +100,12 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
                            label="store") if plan.store else None
 
     by_proc = {p.name: p for p in procs}
+    by_node = {n.name: n for n in nodes}
 
     def collect() -> None:
         def fetch(name: str):
+            if launch.node_lost is not None and launch.node_lost(by_node[name]):
+                return None   # the machine is gone, and its files with it
             # The node process's connection: opened again if it dropped during the run.
             proc = by_proc[name]
             # Whatever of the run still lives there (a job's child in a session of its own):
@@ -113,10 +122,18 @@ def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: Ss
         for proc in procs:
             proc.close()
 
+    mirror = watcher(plan, lambda cmd: SshNodeProcess(cmd, head, conns[head.name], options,
+                                                       folder.stamp, label="mirror"))
+    notices = Preemptions()
+    spot = [Sidecar(SshNodeProcess(cmd, by_node[cmd.name], conns[cmd.name], options,
+                                   folder.stamp, label="spot"), "spot watcher", notices.line)
+            for cmd in plan.spot]
     return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display, store=store,
-                        prepare=prepare_ssh(plan, {n.name: procs[i] for i, n in
-                                                   enumerate(nodes)}, plan.workdir))
+                        display=launch.display, store=store, services=[*mirror, *spot],
+                        prepare=with_restore(prepare_ssh(plan, by_proc, plan.workdir), plan,
+                                             ssh_runner(by_proc)), verdict=notices.judge,
+                        node_lost=(lambda name: launch.node_lost(by_node[name]))
+                        if launch.node_lost else None)
 
 
 class SshBackend:
@@ -155,7 +172,13 @@ class SshBackend:
                *, program: Program | None = None, rdzv_port: int | None = None,
                job: Job | None = None, workdir: Any = None) -> dict:
         """Preflight (the code and the workdir shipped on the way), the run folder, plan with
-        the nodes' facts, setup, run, collect."""
+        the nodes' facts, setup, run, collect; with `options.recover`, again on replacements
+        of lost machines (launcher/execute/replace.py)."""
+        if options.recover is not None:
+            from launcher.execute.replace import launch_recovering
+
+            return launch_recovering(self, recipe, nodes, run_id, options, program=program,
+                                     rdzv_port=rdzv_port, job=job, workdir=workdir)
         from launcher.execute.remote_agent import code_files, content_hash
         from launcher.preflight import Shipment, close_all, preflight
         from launcher.runfolder import RunFolder

@@ -28,6 +28,8 @@ port_number = _bounded(int, 1, 65535, "port (1 to 65535)")
 restart_count = _bounded(int, 0, 1000, "restart count (a whole number from 0 to 1000)")
 hang_seconds = _bounded(float, 1.0, 7 * 86400.0, "number of seconds (1 to 604800)")
 nproc_count = _bounded(int, 1, 64, "process count (1 to 64)")
+recover_count = _bounded(int, 1, 100, "number of replacements (1 to 100)")
+recover_seconds = _bounded(float, 60.0, 86400.0, "number of seconds (60 to 86400)")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,

@@ -58,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--capacity-reservation", metavar="ID",
                    help="launch into this capacity reservation or Capacity Block for ML (its "
                         "zone, and its placement group if it was made in one)")
-    p.add_argument("--spot", action="store_true", help="spot instances (can be reclaimed)")
+    p.add_argument("--market", choices=["on-demand", "spot", "capacity-block"],
+                   help="how the instances are bought (default on-demand; capacity-block with "
+                        "--capacity-reservation of a Capacity Block). Spot nodes can be "
+                        "reclaimed with two minutes' notice: `launch run` watches for it "
+                        "(docs/recovery.md)")
+    p.add_argument("--spot", dest="market", action="store_const", const="spot",
+                   help="the same as --market spot")
     p.add_argument("--public-ip", default="head", choices=["head", "all", "none"],
                    help="head (default): only the head node gets a public address, the others "
                         "are reached through it; all: every node; none: private addresses only "
@@ -103,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         key_name=args.key_name, key_file=args.key_file, ssh_user=args.ssh_user,
         ssh_cidr=args.ssh_cidr, ami=args.ami, image=args.image, ubuntu=args.ubuntu, az=args.az,
         subnet=args.subnet, placement_group=args.placement_group,
-        capacity_reservation=args.capacity_reservation, spot=args.spot,
+        capacity_reservation=args.capacity_reservation, market=args.market,
         public_ip=args.public_ip, jump=args.jump, ttl_hours=parse_duration(args.ttl),
         disk_gb=args.disk_gb, encrypt_root=args.encrypt_root,
         instance_profile=args.instance_profile, inventory=args.inventory,

@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 from launcher.backends import LaunchOptions, backend_for, print_plan
+from launcher.backends.base import Recover
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
-                                      port_number, restart_count)
+                                      port_number, recover_count, recover_seconds,
+                                      restart_count)
 from launcher.errors import LauncherError
 from launcher.job import check_target, job_of, script_recipe
 from launcher.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
@@ -83,6 +85,14 @@ def register(sub) -> None:
                    help="seconds without a completed step before every rank's stack is "
                         "dumped and the run restarts or stops (default: the recipe's "
                         "`hang_timeout_s`, else max(300, 20x the median step))")
+    p.add_argument("--recover", type=recover_count, nargs="?", const=2, metavar="N",
+                   help="with --cluster (or an inventory `launch provision` or `launch lab` "
+                        "wrote): when a node's machine is lost (EC2 says stopped, terminated "
+                        "or reclaimed), put a new one in its place, set it up, check it and "
+                        "resume from the newest checkpoint; up to N times (default 2)")
+    p.add_argument("--recover-timeout", type=recover_seconds, default=1800.0, metavar="S",
+                   help="with --recover: seconds one replacement may take (provision, setup, "
+                        "check, gate; default 1800)")
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue a failed or interrupted run from its last checkpoint, in its "
                         "run folder (a new attempt; earlier logs are kept)")
@@ -151,6 +161,15 @@ def scan(job, limit: int, runs_dir: str):
     return manifest
 
 
+def recover_policy(args, kind: str) -> Recover | None:
+    if args.recover is None:
+        return None
+    if kind != "ssh":
+        raise LauncherError("--recover replaces a lost machine: it goes with --cluster NAME or "
+                            "an inventory (-i) that `launch provision` or `launch lab up` wrote")
+    return Recover(args.recover, args.recover_timeout)
+
+
 def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
@@ -190,6 +209,7 @@ def main(args) -> int:
     if count < 1:
         raise LauncherError(f"--nodes must be at least 1, got {count}")
     backend = backend_for(where_from_args(args), count)
+    recover = recover_policy(args, backend.kind)
     nodes = backend.nodes(count)
     # A real run plans inside backend.launch (over SSH after preflight, which reports every
     # host's problems at once); a dry run and a resume check need the plan now.
@@ -230,6 +250,7 @@ def main(args) -> int:
 
         bench_before_run(backend, nodes, run_id, args.runs_dir, args.grace)
     backend.launch(recipe, nodes, run_id,
-                   LaunchOptions(args.runs_dir, args.grace, resume=point is not None),
+                   LaunchOptions(args.runs_dir, args.grace, resume=point is not None,
+                                 recover=recover),
                    rdzv_port=args.rdzv_port, job=job, workdir=manifest)
     return 0

@@ -200,7 +200,7 @@ class Recovery:
 
     def __init__(self, restarts: int, hang_timeout_s: float | None, restart_deadline_s: float,
                  folder: Path, clock=time.monotonic, user_job: bool = False,
-                 restart_together: bool = False):
+                 restart_together: bool = False, node_lost=None):
         self.book = RestartBook(restarts)
         self.hang_timeout_s = hang_timeout_s
         self.restart_deadline_s = restart_deadline_s
@@ -215,6 +215,10 @@ class Recovery:
         self.steps = None
         # A command (its own launcher): a failure restarts every node, not one agent.
         self.restart_together = restart_together
+        # node -> why its machine is gone, or None (launcher/execute/replace.py): an agent is
+        # not restarted on a machine that is no more.
+        self.node_lost = node_lost
+        self.lost: dict[str, str] = {}
 
     def _now_s(self) -> float:
         return self.clock() - self.started_at
@@ -237,7 +241,12 @@ class Recovery:
         self.book.line(node, rank, text, self._now_s())
 
     def node_failed(self, node: str, code: int) -> bool:
-        """A node agent ended with `code`: restart it (True) while restarts are left."""
+        """A node agent ended with `code`: restart it (True) while restarts are left, and
+        while its machine is there."""
+        why = self.node_lost(node) if self.node_lost is not None else None
+        if why:
+            self.lost[node] = why
+            return False
         if not self.book.enabled or (self.watch is not None and self.watch.finished()):
             return False
         return self.book.failure("node", node, f"node agent {describe_exit(code)}",
@@ -294,4 +303,5 @@ class Recovery:
             "hangs": self.hangs,
             "resumed_from_step": self.book.started_from_step,
             "steps_lost_before_resume": self.book.started_steps_lost,
+            "lost": self.lost,
         }

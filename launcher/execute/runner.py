@@ -10,6 +10,7 @@ from launcher.display import make_display
 from launcher.errors import RunFailed
 from launcher.execute.prepare import PrepareFailed
 from launcher.execute.recovery import Recovery
+from launcher.execute.sidecar import EXIT_PREEMPTED
 from launcher.execute.supervisor import NodeExit, NodeProcess, Outcome, supervise
 from launcher.logs import LineRouter, failure_excerpt
 from launcher.progress import StepLines
@@ -64,6 +65,15 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "restarts_allowed": plan.recovery.restarts,
         "hang": outcome.recovery.get("hang"),
     }
+    for key in ("preemption", "lost"):
+        # The interruption notices the spot watchers saw (launcher/execute/sidecar.py), the
+        # nodes whose machine was gone (launcher/execute/replace.py).
+        if outcome.recovery.get(key):
+            summary[key] = outcome.recovery[key]
+    if plan.mirror is not None:
+        from launcher.mirror import mirror_summary
+
+        summary["mirror"] = mirror_summary(folder.root, plan.nodes[0].name)
     if plan.job.is_trainer:
         rank0_node, result = folder.trainer_result([n.name for n in plan.nodes])
         summary["rank0_node"] = rank0_node
@@ -96,19 +106,24 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  grace_s: float = 5.0, store: NodeProcess | None = None,
                  services: list[NodeProcess] = (),
                  extra: Callable[[], dict[str, Any]] | None = None,
-                 prepare: Callable[..., None] | None = None) -> dict[str, Any]:
+                 prepare: Callable[..., None] | None = None,
+                 verdict: Callable[[Outcome], Outcome] | None = None,
+                 node_lost: Callable[[str], str | None] | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
     PrepareFailed fails the run before any node starts. `extra` adds the backend's own facts
-    to the summary once `after` has run (Slurm: the job id and its final state)."""
+    to the summary once `after` has run (Slurm: the job id and its final state). `verdict`
+    may say more of the outcome than the supervisor knew (a spot node's interruption notice:
+    "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
+    restarted there)."""
     display = display or make_display()
     folder.write_json("plan.json", plan.to_json())
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
                         plan.recovery.restart_deadline_s, folder.root,
                         user_job=plan.job.kind in ("script", "module", "command"),
-                        restart_together=not plan.job.uses_torchrun)
+                        restart_together=not plan.job.uses_torchrun, node_lost=node_lost)
     steps = StepLines()
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)
@@ -134,6 +149,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     finally:
         router.close()
         display.close()
+    if verdict is not None:
+        outcome = verdict(outcome)
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
@@ -173,7 +190,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
     lines.append(f"logs and summary kept in {folder.root}")
-    code = EXIT_INTERRUPTED if outcome.status == "interrupted" else 1
+    code = EXIT_INTERRUPTED if outcome.status == "interrupted" else \
+        EXIT_PREEMPTED if outcome.status == "preempted" else 1
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)

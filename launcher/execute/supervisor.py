@@ -320,7 +320,9 @@ class Supervisor:
     def poll_services(self) -> None:
         for service in self.services:
             code = service.poll()
-            if code is not None and self.stop_at is None and self.first_failure is None:
+            # A sidecar (launcher/execute/sidecar.py) goes with its node; the job decides.
+            if code is not None and self.stop_at is None and self.first_failure is None \
+                    and getattr(service, "essential", True):
                 label = getattr(service, "label", "service")
                 self.fail(service.name, f"the {label} on node {service.name} "
                                         f"{describe_exit(code)}")
@@ -479,11 +481,12 @@ class Supervisor:
 
 
 def stop_services(services: list[NodeProcess], grace_s: float, poll_s: float = 0.05) -> None:
-    """SIGTERM, then SIGKILL after the grace period, to whatever service still runs."""
+    """SIGTERM, then SIGKILL after the grace period (or a service's own `drain_s`: the
+    checkpoint mirror finishing its uploads), to whatever service still runs."""
     running = [s for s in services if s.poll() is None]
     for service in running:
         service.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + max([grace_s, *(getattr(s, "drain_s", 0.0) for s in running)])
     while running and time.monotonic() < deadline:
         time.sleep(poll_s)
         running = [s for s in running if s.poll() is None]

@@ -188,7 +188,8 @@ def provision_regions(spec: ProvisionSpec, regions: list[str], now: datetime, as
         try:
             check_quotas(plan)
             worker = Provisioner(clients.ec2, plan, Ledger.open(spec.cluster, region),
-                                 wait_ssh=spec.wait_ssh, keep_on_failure=spec.keep_on_failure)
+                                 wait_ssh=spec.wait_ssh, keep_on_failure=spec.keep_on_failure,
+                                 spec=spec_record(spec, region))
             nodes = worker.run()
         except (CapacityError, QuotaExceeded) as err:
             if following is None:
@@ -201,6 +202,13 @@ def provision_regions(spec: ProvisionSpec, regions: list[str], now: datetime, as
         emit_summary(worker.plan, nodes, as_json)
         return setup(worker.plan, spec)
     raise AssertionError("unreachable: the last region raises or returns")
+
+
+def spec_record(spec: ProvisionSpec, region: str) -> dict[str, Any]:
+    """What the cluster was asked for, as the ledger keeps it (its region the one used)."""
+    from dataclasses import asdict
+
+    return {**asdict(spec), "region": region, "fallback_regions": []}
 
 
 def setup(plan: ProvisionPlan, spec: ProvisionSpec) -> int:

@@ -37,6 +37,7 @@ UBUNTU_RELEASES = {"22.04": "ebs-gp2", "24.04": "ebs-gp3"}
 SSM_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 
 PUBLIC_IP_MODES = ("head", "all", "none")
+MARKETS = ("on-demand", "spot", "capacity-block")
 IMAGES = ("ubuntu", "dlami")
 
 _JUMP = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"
@@ -71,7 +72,9 @@ class ProvisionSpec:
     subnet: str | None = None
     placement_group: bool | None = None      # None: on when count > 1
     capacity_reservation: str | None = None
-    spot: bool = False
+    # on-demand | spot | capacity-block; None: on-demand, or capacity-block when the
+    # reservation is a Capacity Block.
+    market: str | None = None
     public_ip: str = "head"                  # head | all | none
     jump: str | None = None                  # [user@]host[:port] every node is reached through
     ttl_hours: float = 24.0                  # 0: no expiry
@@ -82,6 +85,10 @@ class ProvisionSpec:
     skip_setup: bool = False
     wait_ssh: bool = True
     keep_on_failure: bool = False
+
+    @property
+    def spot(self) -> bool:
+        return self.market == "spot"
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,11 @@ class ProvisionPlan:
         return max(self.count - self.existing, 0)
 
     @property
+    def interruptible(self) -> bool:
+        """Spot: EC2 may reclaim a node with two minutes' notice."""
+        return self.market == "spot"
+
+    @property
     def public_nodes(self) -> tuple[int, ...]:
         """Node indices reachable at a public address."""
         if self.public_ip == "all":
@@ -270,11 +282,17 @@ def validate_spec(spec: ProvisionSpec) -> None:
             f"--disk-gb {spec.disk_gb} is too small for the NVIDIA driver, CUDA and torch; "
             "use at least 30"
         )
+    if spec.market is not None and spec.market not in MARKETS:
+        raise ProvisionSpecError(f"--market {spec.market} is not one of {', '.join(MARKETS)}")
     if spec.spot and spec.capacity_reservation:
         raise ProvisionSpecError(
             "--spot and --capacity-reservation exclude each other: a capacity reservation is "
             "on-demand capacity; drop one of them"
         )
+    if spec.market == "capacity-block" and not spec.capacity_reservation:
+        raise ProvisionSpecError(
+            "--market capacity-block launches into a Capacity Block you bought: pass its id "
+            "with --capacity-reservation cr-...")
     if spec.ubuntu not in UBUNTU_RELEASES:
         raise ProvisionSpecError(
             f"--ubuntu {spec.ubuntu} is not supported; choose one of {', '.join(UBUNTU_RELEASES)}"
@@ -320,6 +338,19 @@ def image_parameter(spec: ProvisionSpec, architecture: str) -> str:
     if spec.image == "dlami":
         return dlami_ssm_parameter(spec.ubuntu, architecture)
     return ubuntu_ssm_parameter(spec.ubuntu, architecture)
+
+
+def market_of(spec: ProvisionSpec, res: Reservation | None) -> str:
+    """The cluster's market: what was asked, checked against the reservation's kind (a
+    Capacity Block launches only as capacity-block, another reservation only on-demand)."""
+    block = res is not None and res.capacity_block
+    if spec.market == "capacity-block" and res is not None and not block:
+        raise ProvisionSpecError(f"--market capacity-block: {res.label} is an on-demand "
+                                 "capacity reservation, not a Capacity Block; drop --market")
+    if block and spec.market == "on-demand":
+        raise ProvisionSpecError(f"--market on-demand: {res.label} is a Capacity Block, whose "
+                                 "instances launch as capacity-block; drop --market")
+    return "capacity-block" if block else spec.market or "on-demand"
 
 
 def placement_group_name(cluster: str, az: str) -> str:
@@ -382,8 +413,7 @@ def plan_provision(spec: ProvisionSpec, site: SiteFacts, facts: InstanceFacts, n
         use_pg = spec.count > 1 if spec.placement_group is None else spec.placement_group
         group, owned = (placement_group_name(spec.cluster, site.az) if use_pg else None), use_pg
     eip_nodes, auto_public = public_addressing(spec.public_ip, spec.count, layout)
-    market = ("capacity-block" if res is not None and res.capacity_block
-              else "spot" if spec.spot else "on-demand")
+    market = market_of(spec, res)
     created = iso(now)
     expires = iso(now + timedelta(hours=spec.ttl_hours)) if spec.ttl_hours else None
     jump = parse_jump(spec.jump) if spec.jump else None

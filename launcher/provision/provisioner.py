@@ -87,8 +87,12 @@ class Provisioner:
     def __init__(self, ec2: Any, plan: ProvisionPlan, ledger: Ledger, *, wait_ssh: bool,
                  keep_on_failure: bool, say: Callable[[str], None] = stderr,
                  sleep: Callable[[float], None] = time.sleep, status_timeout: float = 900,
-                 ssh_timeout: float = 600, lost_launch_wait: float = 90):
+                 ssh_timeout: float = 600, lost_launch_wait: float = 90,
+                 spec: dict[str, Any] | None = None):
         self.ec2, self.plan, self.ledger = ec2, plan, ledger
+        # What was asked (ProvisionSpec as a dict), kept in the ledger: a replacement for a
+        # lost node is asked for the same way (launcher/provision/replacement.py).
+        self.spec = spec
         self.wait_ssh, self.keep_on_failure = wait_ssh, keep_on_failure
         self.say, self.sleep = say, sleep
         self.status_timeout, self.ssh_timeout = status_timeout, ssh_timeout
@@ -113,6 +117,7 @@ class Provisioner:
                 expires_at=plan.expires_at, price_per_hour=plan.instance.price_per_hour,
                 price_source=plan.price.label() if plan.price else None,
                 public_ip=plan.public_ip, market=plan.market, inventory=plan.inventory,
+                **({"spec": self.spec} if self.spec is not None else {}),
             )
             try:
                 nodes = self._provision()
@@ -517,7 +522,8 @@ class Provisioner:
 
     def write_inventory(self, nodes: list[Node], known_hosts: Path | None) -> None:
         plan = self.plan
-        common: dict[str, Any] = {"launch_cluster": plan.cluster}
+        # launch_market: `launch run` watches spot nodes for EC2's interruption notice.
+        common: dict[str, Any] = {"launch_cluster": plan.cluster, "launch_market": plan.market}
         if plan.image == "dlami":
             common["launch_node_image"] = "dlami"
         # Ansible and launch's SSH executor both take the host key file from here. Without a

@@ -31,6 +31,11 @@ class ClusterStatus:
     expired: bool
     checked: bool              # AWS was asked (else: the ledger's view only)
     hours_left: float | None = None  # until the nodes terminate themselves; None: no expiry
+    market: str | None = None        # on-demand | spot | capacity-block
+    # Lost nodes replaced by `launch run --recover`, and what they cost: the cluster's price
+    # for the time from each loss to the run going on (launcher/execute/replace.py).
+    recoveries: int = 0
+    recovery_cost: float | None = None
 
 
 def _hours(since: str | None, now: datetime) -> float | None:
@@ -75,6 +80,8 @@ def summarize(cluster: str, ledger: dict[str, Any] | None,
         nodes = len(records)
         billed = [_hours(r.get("created_at"), now) or 0.0 for r in records]
     cost = round(sum(billed) * price, 2) if price is not None else None
+    recovered = [r for r in ledger.get("recoveries", []) if "failed" not in r]
+    costs = [r.get("cost_usd") for r in recovered]
     return ClusterStatus(
         cluster=cluster, region=ledger.get("region", region), instance_type=instance_type,
         nodes=nodes, state=ledger.get("status", "untracked") if ledger else "untracked",
@@ -84,6 +91,9 @@ def summarize(cluster: str, ledger: dict[str, Any] | None,
         checked=instances is not None,
         hours_left=(round((parse_iso(expires) - now).total_seconds() / 3600, 2)
                     if expires and nodes else None),
+        market=ledger.get("market") or (first or {}).get("InstanceLifecycle"),
+        recoveries=len(recovered),
+        recovery_cost=round(sum(costs), 2) if costs and None not in costs else None,
     )
 
 
@@ -133,11 +143,18 @@ def _fmt_hours(hours: float | None) -> str:
     return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} d"
 
 
+def _recoveries(row: ClusterStatus) -> str:
+    if not row.recoveries:
+        return "-"
+    cost = "?" if row.recovery_cost is None else f"${row.recovery_cost:,.2f}"
+    return f"{row.recoveries} ({cost})"
+
+
 def render(rows: list[ClusterStatus], notes: list[str]) -> str:
     if not rows:
         return "No clusters.\n" + "".join(f"({n})\n" for n in notes)
     header = ("CLUSTER", "REGION", "TYPE", "NODES", "STATE", "UPTIME", "COST SO FAR", "EXPIRES",
-              "LEFT", "")
+              "LEFT", "RECOVERIES", "")
     table = []
     for r in rows:
         flags = []
@@ -152,7 +169,8 @@ def render(rows: list[ClusterStatus], notes: list[str]) -> str:
             "?" if r.cost_so_far is None else f"${r.cost_so_far:,.2f}",
             r.expires_at or "never",
             "-" if r.hours_left is None else
-            ("0" if r.hours_left <= 0 else _fmt_hours(r.hours_left)), " ".join(flags),
+            ("0" if r.hours_left <= 0 else _fmt_hours(r.hours_left)),
+            _recoveries(r), " ".join(flags),
         ))
     return format_table(header, table) + "".join(f"({n})\n" for n in notes)
 

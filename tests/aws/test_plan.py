@@ -165,7 +165,7 @@ def test_public_addressing(mode, instance_type, eips, auto, public):
 
 
 def test_g6e_xlarge_single_spot_node_without_ttl_or_encryption():
-    plan = plan_for("g6e.xlarge", 1, spot=True, ttl_hours=0, encrypt_root=False,
+    plan = plan_for("g6e.xlarge", 1, market="spot", ttl_hours=0, encrypt_root=False,
                     instance_profile="s3-checkpoints")
     request = run_instances_request(plan, "sg-0aaa", 1, "tok")
     assert request["NetworkInterfaces"] == [nic(0, 0, "interface",
@@ -318,7 +318,7 @@ def test_ipv6_and_open_cidr():
 @pytest.mark.parametrize("changes, message", [
     ({"cluster": "Demo_1"}, "cluster name 'Demo_1' is not usable"),
     ({"count": 0}, "--count must be at least 1"),
-    ({"spot": True, "capacity_reservation": "cr-1"}, "--spot and --capacity-reservation"),
+    ({"market": "spot", "capacity_reservation": "cr-1"}, "--spot and --capacity-reservation"),
     ({"placement_group": True}, "--placement-group needs --count of 2 or more"),
     ({"disk_gb": 8}, "--disk-gb 8 is too small"),
     ({"ttl_hours": -1}, "--ttl must be 0"),

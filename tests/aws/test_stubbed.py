@@ -21,7 +21,7 @@ from launcher.provision.aws import AwsError, Clients
 from launcher.provision.create import provision
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import (
-    ProvisionSpec, QuotaExceeded, SiteFacts, Zone, plan_provision,
+    ProvisionSpec, ProvisionSpecError, QuotaExceeded, SiteFacts, Zone, plan_provision,
 )
 from launcher.provision.provisioner import CapacityError, Provisioner
 from launcher.provision.reservations import ReservationMismatch
@@ -227,6 +227,67 @@ def test_capacity_block_request_has_its_market_type_and_group(tmp_path):
         # No placement group of its own is made: the block's group is used as it is.
         worker.launch_somewhere("sg-0aaa", 2, resources.ClusterResources(), plan.site.zones)
         stub.assert_no_pending_responses()
+
+
+def test_spot_request_carries_its_market_options_checked_by_the_ec2_model(tmp_path):
+    """`--market spot` (or --spot): one-time spot instances that EC2 terminates when it
+    reclaims them (the node's own notice then comes from instance metadata)."""
+    ec2 = client("ec2")
+    plan = plan_for("p4d.24xlarge", 2, market="spot")
+    assert plan.market == "spot" and plan.interruptible
+    with Stubber(ec2) as stub:
+        pg_created(stub, "us-east-1a")
+        stub.add_response("run_instances", {"Instances": [{"InstanceId": "i-0"},
+                                                          {"InstanceId": "i-1"}]},
+                          expected_params={
+                              **RUN_ANY, "Placement": {"AvailabilityZone": "us-east-1a",
+                                                       "GroupName": "launch-demo-us-east-1a"},
+                              "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
+                                  "SpotInstanceType": "one-time",
+                                  "InstanceInterruptionBehavior": "terminate"}}})
+        worker = provisioner(ec2, plan, tmp_path)
+        worker.launch_somewhere("sg-0aaa", 2, resources.ClusterResources(), plan.site.zones)
+        stub.assert_no_pending_responses()
+    assert worker.made.placement_groups == ["launch-demo-us-east-1a"]
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"market": "capacity-block"}, "pass its id with --capacity-reservation"),
+    ({"market": "reserved"}, "--market reserved is not one of on-demand, spot, capacity-block"),
+])
+def test_a_market_that_cannot_be_bought_is_refused(changes, says):
+    with pytest.raises(ProvisionSpecError) as err:
+        plan_for("p4d.24xlarge", 2, **changes)
+    assert says in str(err.value)
+
+
+def test_a_capacity_block_is_bought_only_as_one(tmp_path):
+    ec2 = client("ec2")
+    with Stubber(ec2) as stub:
+        stub.add_response("describe_capacity_reservations",
+                          {"CapacityReservations": [block(ReservationType="default")]},
+                          expected_params={"CapacityReservationIds": ["cr-0123456789abcdef0"]})
+        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block()]},
+                          expected_params={"CapacityReservationIds": ["cr-0123456789abcdef0"]})
+        clients = Clients(ec2=ec2, ssm=None, ec2_quick=None, quotas=None, pricing=None)
+        spec = ProvisionSpec(cluster="demo", instance_type="p5.48xlarge", count=2,
+                             capacity_reservation="cr-0123456789abcdef0")
+        ondemand_res = Resolver(clients, spec, "us-east-1").reservation()
+        block_res = Resolver(clients, spec, "us-east-1").reservation()
+    zone = (Zone("us-east-1d", "subnet-d", "vpc-0def"),)
+
+    def site(res):
+        return SiteFacts("us-east-1", zone, "ami-0123456789abcdef0", "u", "/dev/sda1",
+                         "203.0.113.7/32", reservation=res)
+
+    with pytest.raises(ProvisionSpecError, match="not a Capacity Block"):
+        plan_for("p5.48xlarge", 2, site=site(ondemand_res), market="capacity-block",
+                 capacity_reservation="cr-0123456789abcdef0")
+    with pytest.raises(ProvisionSpecError, match="is a Capacity Block"):
+        plan_for("p5.48xlarge", 2, site=site(block_res), market="on-demand",
+                 capacity_reservation="cr-0123456789abcdef0")
+    assert plan_for("p5.48xlarge", 2, site=site(block_res), market="capacity-block",
+                    capacity_reservation="cr-0123456789abcdef0").market == "capacity-block"
 
 
 class Stubs:

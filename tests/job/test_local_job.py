@@ -4,6 +4,7 @@ setup, failures, restarts, resume, hangs and misbehaving jobs (tests/job/project
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -113,6 +114,30 @@ def test_a_crash_then_resume_continues_from_the_checkpoint_dir(run_launch, proje
     seen = results(proc.stdout)
     assert {got["env"]["LAUNCH_ATTEMPT"] for got in seen.values()} == {"1"}
     assert summary_of(project / "runs" / "again")["progress"]["step"] == 6
+
+
+def test_a_jobs_checkpoint_dir_is_mirrored_and_comes_back_on_resume(run_launch, project,
+                                                                     tmp_path):
+    """`checkpoint: {mirror: ...}` beside `job:`: LAUNCH_CHECKPOINT_DIR goes to the mirror as
+    the job writes it; the folder deleted, `--resume` brings its checkpoint back."""
+    mirror_root = tmp_path / "shared" / "mirror"
+    (project / "recipe.yml").write_text(yaml.safe_dump({
+        "name": "mirrored", "nodes": 2, "workdir": ".",
+        "job": {"script": "main.py", "args": ["--mode", "crash-once"]},
+        "checkpoint": {"mirror": str(mirror_root)}}))
+    proc = run_launch("run", "--local", "recipe.yml", "--run-id", "mirrored", cwd=project,
+                      timeout=240)
+    assert proc.returncode == 1 and "rank 1 crashes once" in proc.stderr
+    run = project / "runs" / "mirrored"
+    first = summary_of(run)["mirror"]
+    assert first["layout"] == "job" and first["units"] >= 1 and first["failures"] == []
+    assert first["last"]["unit"] == "state.pt"
+    shutil.rmtree(run / "checkpoints")
+    proc = run_launch("run", "--local", "--resume", "mirrored", cwd=project, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "mirror: restored state.pt" in proc.stdout
+    assert "resumed from step 3 in attempt 1" in proc.stdout
+    assert summary_of(run)["progress"]["step"] == 6
 
 
 def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):

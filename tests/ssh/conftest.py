@@ -9,6 +9,8 @@ import yaml
 
 from launcher.lab import Lab, lab_unavailable_reason
 from tests.run.conftest import run_pids
+from train import mirror
+from train.mirror import FolderStore
 
 
 @pytest.fixture
@@ -78,3 +80,14 @@ def new_key(directory: Path) -> str:
 def remote_run_dirs(lab: Lab) -> list[str]:
     root = lab.dir / "node-runs"
     return sorted(os.listdir(root)) if root.exists() else []
+
+
+def mirrored(dest_root, run_id: str) -> dict:
+    """The run's mirror (its folder is <mirror>/<run_id>.<uid>)."""
+    found = list(dest_root.glob(f"{run_id}.*"))
+    return mirror.complete_units(FolderStore(str(found[0]))) if found else {}
+
+
+def newest_step(dest_root, run_id: str) -> int:
+    units = mirrored(dest_root, run_id)
+    return max((int(m["order"]) for m in units.values()), default=0)

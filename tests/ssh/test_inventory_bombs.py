@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from launcher.inventory_files import range_size
-from launcher.recipe import MAX_NODES
+from launcher.limits import MAX_NODES
 from tests.conftest import launch_cmd
 from tests.run.hostile import Guard, check, run_cli
 

@@ -1,0 +1,66 @@
+"""Losing a machine, not only a process, on the SSH lab: a lab host taken away as a machine
+goes (its link first, then everything on it, then its namespace), and a fresh lab host brought
+in as its replacement through the path an EC2 replacement takes (the lab stands in for EC2's
+part: whether the machine is gone, and a new one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tests.run.conftest import LaunchProcess, wait_for, write_recipe
+from tests.ssh.conftest import newest_step, only_sshd_left
+from train import checkpoint_files as files
+
+pytestmark = [pytest.mark.slow, pytest.mark.lab]
+
+
+def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, tmp_path):
+    dest = lab.dir / "mirror"
+    recipe = write_recipe(tmp_path, train={"steps": 240, "log_every": 20},
+                          checkpoint={"every_steps": 20, "keep": 2, "mirror": str(dest)})
+    reference = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                               "--run-id", "whole", "--rdzv-port", "29652"], tmp_path)
+    assert reference.wait(timeout=400) == 0, reference.output()[-3000:]
+    whole = json.loads((tmp_path / "runs" / "whole" / "summary.json").read_text())
+
+    run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                         "--run-id", "lost", "--rdzv-port", "29653", "--recover", "1"],
+                        tmp_path)
+    try:
+        wait_for(lambda: newest_step(dest, "lost") >= 80, 300, "step 80 in the mirror")
+        lab.lose("host0")
+        saved = newest_step(dest, "lost")
+        # Its disk went with it: the head's checkpoints are only in the mirror now.
+        for folder in (lab.dir / "node-runs").glob("lost.*/host0"):
+            shutil.rmtree(folder)
+        code = run.wait(timeout=600)
+    finally:
+        run.kill()
+    out = run.output()
+    assert code == 0, out[-5000:]
+    run_dir = tmp_path / "runs" / "lost"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["steps"] == 240
+    (recovery,) = summary["recoveries"]
+    assert (recovery["node"], recovery["replacement"]) == ("host0", "host2")
+    assert recovery["why"] == "lab host host0: its network namespace is gone"
+    assert recovery["resumed_from_step"] == saved
+    for step in ("replace_s", "setup_s", "checked_s", "gate_s", "recovered_in_s"):
+        assert recovery[step] >= 0
+    first = json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())
+    assert first["lost"] == {"host0": recovery["why"]}
+    assert "node host0 was lost" in first["failure"]["reason"]
+    assert [n["name"] for n in summary["nodes"]] == ["host2", "host1"]
+    assert f"mirror: restored {files.stem(saved)}" in out
+    # Nothing lost past the last mirrored checkpoint, and the same model as without the loss.
+    assert summary["final_loss"] == whole["final_loss"]
+    assert summary["eval_accuracy"] == whole["eval_accuracy"]
+    assert only_sshd_left(lab) == {}
+    # The replacement is the lab's now: removing the lab removes it too.
+    lab.destroy()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"lab{lab.lab_id}h" not in listed
