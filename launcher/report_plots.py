@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.nccl.links import LinkPeak
 from launcher.nccl.plot import SIDES, draw_busbw
+from train.stepsplit import STATISTIC
 
 COMPUTE, DATA, COMM = "#4c72b0", "#dd8452", "#c44e52"
 SLOW = "#d62728"
@@ -191,8 +192,9 @@ def _rank_name(r: dict[str, Any]) -> str:
 
 
 def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str, Any]]):
-    """Per rank, the median step split into its compute, data wait and communication wait;
-    a straggler computes longer and waits on communication less than the others."""
+    """Per rank, its mean step split into compute, data wait and communication wait (the
+    trainer's rank_times, train/stepsplit.py); a straggler computes longer and waits on
+    communication less than the others."""
     if not rank_times:
         return None, ("No per-rank times: the trainer did not report them (a user's own job, "
                       "or a run that ended before its first log interval).")
@@ -225,7 +227,7 @@ def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str,
         if r["rank"] in slow:
             tick.set_color(SLOW)
             tick.set_fontweight("bold")
-    ax.set_xlabel("median time per step (ms)")
+    ax.set_xlabel(f"{STATISTIC} time per step (ms)")
     title = "where each rank's step went"
     if left_out:
         title += f" ({len(ranks)} slowest of {len(ranks) + left_out} ranks drawn)"
@@ -268,7 +270,7 @@ def rank_busy_plot(runs: list[Attempt], where: list[dict[str, Any]],
     points = [(r["step"], r["ranks"]) for a in runs for r in a.records if r.get("ranks")]
     if not points:
         return None, ("No per-interval rank times in metrics.jsonl (trainers before this page, "
-                      "or a user's own job): the medians above are all there is.")
+                      "or a user's own job): the split above is all there is.")
     nodes = {w["rank"]: w["node"] for w in where}
     slow = {s["rank"] for s in stragglers}
     world = len(points[-1][1])

@@ -68,6 +68,7 @@ def test_the_demo_runs_page_carries_its_numbers(runs, browser):
     assert "330" in page.figures["plot-rank-busy"] and "330" in page.figures["plot-comm-share"]
     split = page.text("plot-rank-split")
     assert "rank 0 (node0)" in split and "rank 1 (node1)" in split
+    assert "mean time per step (ms)" in split             # rank_times are means
     assert "straggler" not in split                        # nobody held the run back
     busy = page.figures["plot-rank-busy"]
     assert "rank 0 on node0" in busy and "rank 1 on node1" in busy
