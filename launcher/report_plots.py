@@ -114,6 +114,13 @@ def _label(runs: list[Attempt], a: Attempt) -> str | None:
     return None if len(runs) == 1 else f"attempt {a.number}"
 
 
+def _colour(runs: list[Attempt], a: Attempt, own: str) -> str:
+    """The plot's own colour for a run of one attempt; with several, each attempt its colour
+    of matplotlib's cycle (C0, C1, ...), as the loss plot draws it: a legend of attempts drawn
+    in one colour could not tell them apart."""
+    return own if len(runs) == 1 else f"C{(a.number - 1) % 10}"
+
+
 def _restart_lines(ax, runs: list[Attempt]) -> None:
     for a in runs[1:]:
         ax.axvline(a.offset_s, color="grey", linestyle="--", linewidth=1)
@@ -137,8 +144,9 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
     fig, (by_step, by_time) = _figure(cols=2)
     for a in runs:
         label = _label(runs, a)
-        by_step.plot(*_series(a, "loss", "step"), "-", marker=".", label=label)
-        by_time.plot(*_series(a, "loss", "time"), "-", marker=".", label=label)
+        colour = _colour(runs, a, "C0")
+        by_step.plot(*_series(a, "loss", "step"), "-", marker=".", color=colour, label=label)
+        by_time.plot(*_series(a, "loss", "time"), "-", marker=".", color=colour, label=label)
     last = total_steps or max(r["step"] for a in runs for r in a.records)
     _with_tick(by_step, last)
     by_step.set_xlabel("step")
@@ -174,7 +182,8 @@ def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
     for a in runs:
         xs, ys = _series(a, key, "time")
         values += ys
-        ax.plot(xs, ys, "-", marker=".", color="tab:purple", label=_label(runs, a))
+        ax.plot(xs, ys, "-", marker=".", color=_colour(runs, a, "tab:purple"),
+                label=_label(runs, a))
     if time_label == TRAINING_TIME:
         _restart_lines(ax, runs)
     median = statistics.median(values)
@@ -311,7 +320,8 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
     for a in runs:
         xs, ys = _series(a, "split.comm_share", "step")
         shares += ys
-        ax.plot(xs, [y * 100 for y in ys], "-", marker=".", color=COMM, label=_label(runs, a))
+        ax.plot(xs, [y * 100 for y in ys], "-", marker=".", color=_colour(runs, a, COMM),
+                label=_label(runs, a))
     last = max(r["step"] for a in runs for r in a.records)
     _with_tick(ax, last)
     ax.set_ylim(0, 100)
@@ -327,9 +337,10 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
         ax.axvline(step, color="black", linestyle="--",
                    label=f"auto chose {auto['choice']} at step {step}"
                          + (f" ({', '.join(timed)})" if timed else ""))
-        ax.legend(fontsize=8, loc="upper right")
     elif auto:
         title += f"; auto undecided: {auto.get('reason')}"
+    if ax.get_legend_handles_labels()[1]:      # the attempts, auto's decision
+        ax.legend(fontsize=8, loc="upper right")
     ax.set_title(title, fontsize=10)
     return fig, None
 

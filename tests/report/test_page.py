@@ -120,6 +120,12 @@ def test_a_hang_and_its_restart_are_on_the_time_line_with_the_stacks_linked(runs
     # The curves show both attempts: the steps redone after the resume overlap the first.
     assert {"attempt 1", "attempt 2"} <= set(page.figures["plot-loss"])
     assert "200" in page.figures["plot-loss"]
+    # Each attempt in its own colour, the same in every plot (matplotlib's C0 and C1), so
+    # that the legend tells them apart.
+    assert {"attempt 1", "attempt 2"} <= set(page.figures["plot-comm-share"])
+    for ident in ("plot-loss", "plot-throughput", "plot-comm-share"):
+        drawn = page.svgs[list(page.figures).index(ident)]     # one SVG per figure, in order
+        assert {"#1f77b4", "#ff7f0e"} <= set(re.findall(r"stroke: (#[0-9a-f]{6})", drawn)), ident
 
 
 TRAINER_FIELDS = ("steps", "images_per_sec", "step_time_s", "final_loss", "eval_accuracy",
