@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.nccl.links import LinkPeak
 from launcher.nccl.plot import SIDES, draw_busbw
+from train.stepsplit import STATISTIC
 
 COMPUTE, DATA, COMM = "#4c72b0", "#dd8452", "#c44e52"
 SLOW = "#d62728"
@@ -113,6 +114,13 @@ def _label(runs: list[Attempt], a: Attempt) -> str | None:
     return None if len(runs) == 1 else f"attempt {a.number}"
 
 
+def _colour(runs: list[Attempt], a: Attempt, own: str) -> str:
+    """The plot's own colour for a run of one attempt; with several, each attempt its colour
+    of matplotlib's cycle (C0, C1, ...), as the loss plot draws it: a legend of attempts drawn
+    in one colour could not tell them apart."""
+    return own if len(runs) == 1 else f"C{(a.number - 1) % 10}"
+
+
 def _restart_lines(ax, runs: list[Attempt]) -> None:
     for a in runs[1:]:
         ax.axvline(a.offset_s, color="grey", linestyle="--", linewidth=1)
@@ -136,8 +144,9 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
     fig, (by_step, by_time) = _figure(cols=2)
     for a in runs:
         label = _label(runs, a)
-        by_step.plot(*_series(a, "loss", "step"), "-", marker=".", label=label)
-        by_time.plot(*_series(a, "loss", "time"), "-", marker=".", label=label)
+        colour = _colour(runs, a, "C0")
+        by_step.plot(*_series(a, "loss", "step"), "-", marker=".", color=colour, label=label)
+        by_time.plot(*_series(a, "loss", "time"), "-", marker=".", color=colour, label=label)
     last = total_steps or max(r["step"] for a in runs for r in a.records)
     _with_tick(by_step, last)
     by_step.set_xlabel("step")
@@ -173,7 +182,8 @@ def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
     for a in runs:
         xs, ys = _series(a, key, "time")
         values += ys
-        ax.plot(xs, ys, "-", marker=".", color="tab:purple", label=_label(runs, a))
+        ax.plot(xs, ys, "-", marker=".", color=_colour(runs, a, "tab:purple"),
+                label=_label(runs, a))
     if time_label == TRAINING_TIME:
         _restart_lines(ax, runs)
     median = statistics.median(values)
@@ -191,8 +201,9 @@ def _rank_name(r: dict[str, Any]) -> str:
 
 
 def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str, Any]]):
-    """Per rank, the median step split into its compute, data wait and communication wait;
-    a straggler computes longer and waits on communication less than the others."""
+    """Per rank, its mean step split into compute, data wait and communication wait (the
+    trainer's rank_times, train/stepsplit.py); a straggler computes longer and waits on
+    communication less than the others."""
     if not rank_times:
         return None, ("No per-rank times: the trainer did not report them (a user's own job, "
                       "or a run that ended before its first log interval).")
@@ -225,7 +236,7 @@ def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str,
         if r["rank"] in slow:
             tick.set_color(SLOW)
             tick.set_fontweight("bold")
-    ax.set_xlabel("median time per step (ms)")
+    ax.set_xlabel(f"{STATISTIC} time per step (ms)")
     title = "where each rank's step went"
     if left_out:
         title += f" ({len(ranks)} slowest of {len(ranks) + left_out} ranks drawn)"
@@ -268,7 +279,7 @@ def rank_busy_plot(runs: list[Attempt], where: list[dict[str, Any]],
     points = [(r["step"], r["ranks"]) for a in runs for r in a.records if r.get("ranks")]
     if not points:
         return None, ("No per-interval rank times in metrics.jsonl (trainers before this page, "
-                      "or a user's own job): the medians above are all there is.")
+                      "or a user's own job): the split above is all there is.")
     nodes = {w["rank"]: w["node"] for w in where}
     slow = {s["rank"] for s in stragglers}
     world = len(points[-1][1])
@@ -309,7 +320,8 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
     for a in runs:
         xs, ys = _series(a, "split.comm_share", "step")
         shares += ys
-        ax.plot(xs, [y * 100 for y in ys], "-", marker=".", color=COMM, label=_label(runs, a))
+        ax.plot(xs, [y * 100 for y in ys], "-", marker=".", color=_colour(runs, a, COMM),
+                label=_label(runs, a))
     last = max(r["step"] for a in runs for r in a.records)
     _with_tick(ax, last)
     ax.set_ylim(0, 100)
@@ -325,9 +337,10 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
         ax.axvline(step, color="black", linestyle="--",
                    label=f"auto chose {auto['choice']} at step {step}"
                          + (f" ({', '.join(timed)})" if timed else ""))
-        ax.legend(fontsize=8, loc="upper right")
     elif auto:
         title += f"; auto undecided: {auto.get('reason')}"
+    if ax.get_legend_handles_labels()[1]:      # the attempts, auto's decision
+        ax.legend(fontsize=8, loc="upper right")
     ax.set_title(title, fontsize=10)
     return fig, None
 

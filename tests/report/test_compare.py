@@ -59,14 +59,14 @@ def test_what_is_not_a_run_is_named(run_launch, tmp_path):
 def test_two_demo_runs_with_different_comm_hooks_side_by_side(run_launch, tmp_path, ddp_tuning,
                                                                browser):
     """The demo recipe with comm_hook none and fp16 (real runs, tests/report/data). Their
-    summary.json: 740.789 and 710.286 images/s, 42898331 and 21423818 bytes sent per step,
+    summary.json: 698.768 and 670.232 images/s, 42838963 and 21423776 bytes sent per step,
     held-out accuracy 0.96379 and 0.96657."""
     page = tmp_path / "compare.html"
     proc = run_launch("compare", "demo", "demo-fp16", "--runs-dir", str(DATA),
                       "--html", str(page), check=True)
     table = proc.stdout.removesuffix(f"page: {page}\n")
     rows = {line.split("  ")[0].strip(): line for line in table.splitlines()}
-    assert rows["images/s"].split()[1:] == ["740.8", "710.3", "(0.96x)"]   # 710.286 / 740.789
+    assert rows["images/s"].split()[1:] == ["698.8", "670.2", "(0.96x)"]   # 670.232 / 698.768
     assert rows["sent per step per host (MB)"].split()[-2:] == ["21.424", "(0.50x)"]
     assert rows["held-out accuracy"].split()[-2:] == ["0.9666", "(1.00x)"]
     assert rows["ddp.comm_hook"].split() == ["ddp.comm_hook", "none", "fp16"]
@@ -77,6 +77,6 @@ def test_two_demo_runs_with_different_comm_hooks_side_by_side(run_launch, tmp_pa
     shown = open_page(page)
     assert shown.console == [] and all(well_formed(svg) for svg in shown.svgs)
     bars = shown.text("plot-side-by-side")
-    assert "740.8 (1.00x)" in bars and "710.3 (0.96x)" in bars
+    assert "698.8 (1.00x)" in bars and "670.2 (0.96x)" in bars
     assert "demo-fp16" in shown.text("plot-loss")
     assert "<td>ddp.comm_hook</td><td>none</td><td>fp16</td>" in shown.dom

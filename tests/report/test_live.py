@@ -30,8 +30,9 @@ def test_the_trainers_per_node_line_is_what_the_board_shows():
     """train/stragglers.py writes the line, launcher/live.py reads it: the two ends of one
     format, both real."""
     judge = StragglerJudge([("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1)])
-    # (compute, data wait, communication wait) per rank; rank 3 computes three times longer.
-    rows = [(0.010, 0.001, 0.009)] * 3 + [(0.030, 0.001, 0.001)]
+    # Per rank (compute, data wait, communication wait) means over an interval of 5 steps;
+    # rank 3 computes three times longer.
+    rows = [(0.010, 0.001, 0.009, 5)] * 3 + [(0.030, 0.001, 0.001, 5)]
     said = judge.observe(5, rows) + judge.observe(10, rows) + judge.observe(15, rows)
     line = judge.node_line(15, [2.0, 2.2, 2.4, 2.6])
     # node-a: 20 ms steps, 9 of them waiting (45%), loss (2.0 + 2.2) / 2; node-b: ranks of
@@ -48,7 +49,7 @@ def test_the_trainers_per_node_line_is_what_the_board_shows():
     assert board.line("node-a", straggler) is False    # printed, and it names the rank
     assert board.rows()[1].endswith("STRAGGLER rank 3 (2.8x)")
     # The next interval without the flag: the node caught up.
-    healthy = [(0.010, 0.001, 0.009)] * 4
+    healthy = [(0.010, 0.001, 0.009, 5)] * 4
     judge.observe(20, healthy)
     board.line("node-a", judge.node_line(20, [2.0] * 4))
     assert "STRAGGLER" not in board.rows()[1]
@@ -56,9 +57,9 @@ def test_the_trainers_per_node_line_is_what_the_board_shows():
 
 def test_a_real_straggler_runs_lines_end_on_the_board_as_they_ended():
     """Every line the straggler run printed (tests/report/data: node0/node.log and
-    node1/node.log, verbatim), fed in order. Its last per-node line: node0 289.2 ms/step,
-    comm 71%, loss 0.5837; node1 288.5 ms/step, comm 1%, loss 0.5862, straggler; its
-    straggler line: node1 rank 1 at 1.5x."""
+    node1/node.log, verbatim), fed in order. Its last per-node line: node0 345.1 ms/step,
+    comm 71%, loss 0.5837; node1 344.9 ms/step, comm 1%, loss 0.5862, straggler (1 / 0.3451 s
+    and 1 / 0.3449 s are both 2.9 steps/s); its straggler line: node1 rank 1 at 1.5x."""
     board = NodeBoard(Clock())
     for node in ("node0", "node1"):
         for line in (DATA / "straggler" / node / "node.log").read_text().splitlines():
@@ -66,13 +67,13 @@ def test_a_real_straggler_runs_lines_end_on_the_board_as_they_ended():
             assert prefix.startswith(f"{node}/")
             board.line(node, text)
     assert board.rows() == [
-        "node0  step 60  3.5 steps/s  loss 0.5837  comm 71%",
-        "node1  step 60  3.5 steps/s  loss 0.5862  comm 1%  STRAGGLER rank 1 (1.5x)"]
+        "node0  step 60  2.9 steps/s  loss 0.5837  comm 71%",
+        "node1  step 60  2.9 steps/s  loss 0.5862  comm 1%  STRAGGLER rank 1 (1.5x)"]
 
 
 def test_one_node_runs_show_the_progress_lines_figures():
     judge = StragglerJudge([("box", 0), ("box", 1)])
-    judge.observe(5, [(0.01, 0.0, 0.01)] * 2)
+    judge.observe(5, [(0.01, 0.0, 0.01, 2)] * 2)
     assert judge.node_line(5, [1.0, 1.0]) is None       # the progress line says it all
     board = NodeBoard(Clock())
     text = ("step 20/330 epoch 1/15 loss 1.2345 lr 1.00e-04 step_time 0.120s 534.6 img/s, "

@@ -45,17 +45,19 @@ def test_a_bench_page_draws_bus_bandwidth_against_the_links_peak(tmp_path, brows
 
 def test_a_run_with_only_its_result_says_what_it_cannot_draw(tmp_path, browser):
     """p4d-socket kept result.json but no metrics.jsonl: its figures are in the headline and
-    report.md's sentences; no curve is drawn and each missing one is said."""
+    report.md's sentences; no curve is drawn and each missing one is said. Its rank 0's
+    result.json: 1871.8 images/s, a step split with comm_share 0.41."""
     runs, _ = build_runs(NCCL_DATA, tmp_path)
     page = page_of(runs / "p4d-socket")
     assert "plot-loss" not in page.figures
     assert "logged no step to metrics.jsonl" in page.dom
-    assert "1843.2" in page.dom and "41%" in page.dom      # images/s, communication share
+    assert "1871.8" in page.dom and "41%" in page.dom      # images/s, communication share
 
 
 def test_the_demo_runs_page_carries_its_numbers(runs, browser):
     """The demo run (vit-tiny-local, 330 steps on 2 local nodes; its summary.json: held-out
-    accuracy 0.96378..., 740.789 images/s, 19% waiting on communication, no restart)."""
+    accuracy 0.96378..., 698.768 images/s, a mean step of 0.095452 s of which 0.1844 waiting
+    on communication, no restart)."""
     page = page_of(runs / "demo")
     assert list(page.figures) == ["plot-loss", "plot-throughput", "plot-rank-split",
                                   "plot-rank-busy", "plot-comm-share"]
@@ -66,13 +68,15 @@ def test_the_demo_runs_page_carries_its_numbers(runs, browser):
     assert "330" in page.figures["plot-rank-busy"] and "330" in page.figures["plot-comm-share"]
     split = page.text("plot-rank-split")
     assert "rank 0 (node0)" in split and "rank 1 (node1)" in split
+    assert "mean time per step (ms)" in split             # rank_times are means
     assert "straggler" not in split                        # nobody held the run back
     busy = page.figures["plot-rank-busy"]
     assert "rank 0 on node0" in busy and "rank 1 on node1" in busy
     assert page.text("plot-comm-share").startswith("0 | 50 | 100")
     assert "comm hook none; median" in page.text("plot-comm-share")
     assert "images/s" in page.figures["plot-throughput"]
-    for headline in ("<b>330</b>", "<b>96.38%</b>", "<b>740.8</b>", "<b>19%</b>"):
+    for headline in ("<b>330</b>", "<b>96.38%</b>", "<b>698.8</b>", "<b>95.5 ms</b>",
+                     "<b>18%</b>"):
         assert headline in page.dom
     assert "plot-timeline" not in page.figures and "No restart, hang or resume." in page.dom
 
@@ -90,32 +94,38 @@ def test_the_demo_run_ends_with_its_page(demo_local_run, browser):
 
 def test_the_straggler_is_marked_with_its_rank(runs, browser):
     """node1's rank was stopped 70% of the time (tests/report/make_runs.py); its summary.json
-    names it: rank 1 on node1, 1.541x the median rank's compute for 11 intervals."""
+    names it: rank 1 on node1, 1.569x the median rank's compute for 11 intervals."""
     page = page_of(runs / "straggler")
-    assert "straggler: rank 1 on node1 (1.541x)" in page.figures["plot-rank-split"]
+    assert "straggler: rank 1 on node1 (1.569x)" in page.figures["plot-rank-split"]
     assert "rank 1 on node1 (straggler)" in page.figures["plot-rank-busy"]
     assert "rank 0 on node0" in page.figures["plot-rank-busy"]      # the others, unmarked
     assert "60" in page.figures["plot-rank-busy"]                    # its 60 steps
     assert "<b>rank 1</b><span>straggler</span>" in page.dom
-    assert "Straggler: node node1 rank 1: compute 1.541x the median rank" in page.dom
+    assert "Straggler: node node1 rank 1: compute 1.569x the median rank" in page.dom
 
 
 def test_a_hang_and_its_restart_are_on_the_time_line_with_the_stacks_linked(runs, browser):
-    """node1's rank stopped after the first checkpoint: found hung at 16.143 s (10.01 s
+    """node1's rank stopped after the first checkpoint: found hung at 17.163 s (10.013 s
     without a step), every stack dumped, restarted, resumed from step 40; the run took
-    28.338 s and both nodes exited 0 (its summary.json)."""
+    26.641 s and both nodes exited 0 (its summary.json)."""
     run_dir = runs / "hang-restart"
     page = page_of(run_dir)
     timeline = page.figures["plot-timeline"]
     assert "hang: restart 1, resumed from step 40" in timeline
-    assert "hang found at 16.1 s (no step for 10 s)" in timeline
+    assert "hang found at 17.2 s (no step for 10 s)" in timeline
     assert timeline.count("exit 0") == 2 and {"node0", "node1"} <= set(timeline)
-    assert "seconds since the run started (it took 28.3 s)" in timeline
+    assert "seconds since the run started (it took 26.6 s)" in timeline
     assert page.links == ["hang/node0.rank0.txt", "hang/node1.rank1.txt"]
     assert all((run_dir / link).is_file() for link in page.links)
     # The curves show both attempts: the steps redone after the resume overlap the first.
     assert {"attempt 1", "attempt 2"} <= set(page.figures["plot-loss"])
     assert "200" in page.figures["plot-loss"]
+    # Each attempt in its own colour, the same in every plot (matplotlib's C0 and C1), so
+    # that the legend tells them apart.
+    assert {"attempt 1", "attempt 2"} <= set(page.figures["plot-comm-share"])
+    for ident in ("plot-loss", "plot-throughput", "plot-comm-share"):
+        drawn = page.svgs[list(page.figures).index(ident)]     # one SVG per figure, in order
+        assert {"#1f77b4", "#ff7f0e"} <= set(re.findall(r"stroke: (#[0-9a-f]{6})", drawn)), ident
 
 
 TRAINER_FIELDS = ("steps", "images_per_sec", "step_time_s", "final_loss", "eval_accuracy",
@@ -144,7 +154,7 @@ def test_a_run_without_any_trainer_figure_shows_what_launch_knows(runs, browser,
     assert "hang: restart 1, resumed from step 40" in page.figures["plot-timeline"]
     assert "This run logged no step to metrics.jsonl" in page.dom
     assert "<b>1</b><span>restart(s)</span>" in page.dom
-    assert "<b>28.3 s</b><span>duration</span>" in page.dom
+    assert "<b>26.6 s</b><span>duration</span>" in page.dom      # 26.641 s
     assert "<td>node1</td><td>succeeded</td><td class=\"num\">0</td>" in page.dom
     for absent in ("held-out accuracy", "images/s</span>", "<span>steps</span>"):
         assert absent not in page.dom
@@ -153,13 +163,13 @@ def test_a_run_without_any_trainer_figure_shows_what_launch_knows(runs, browser,
 def test_a_users_job_without_step_lines_shows_its_exits_and_duration(runs, browser):
     """A user's own script that printed no LAUNCH_STEP line (tests/report/data/job-silent,
     a real run: its summary.json has no trainer field and no progress; both nodes exited 0
-    after 4.491 s)."""
+    after 4.687 s)."""
     page = page_of(runs / "job-silent")
     assert page.figures == {}                      # nothing drawn empty
     assert "script job main.py" in page.dom
     assert "No step curve to draw: the job printed no LAUNCH_STEP line." in page.dom
     assert "It printed no LAUNCH_STEP line" in page.dom              # report.md's sentence
-    assert "<b>4.5 s</b><span>duration</span>" in page.dom
+    assert "<b>4.7 s</b><span>duration</span>" in page.dom
     assert page.dom.count("<td>succeeded</td><td class=\"num\">0</td>") == 2
     for absent in ("<span>steps</span>", "images/s", "waiting on communication"):
         assert absent not in page.dom
@@ -168,8 +178,8 @@ def test_a_users_job_without_step_lines_shows_its_exits_and_duration(runs, brows
 def test_a_users_job_with_step_lines_gets_their_curves(runs, browser):
     """tests/report/data/job-steps: the user's script printed LAUNCH_STEP lines with loss and
     busy_s for 300 steps (progress.jsonl); rank 1 crashed once and the run restarted at
-    5.321 s; summary.json: step 300, busy medians 1.08 ms (node0/0) and 1.076 ms (node1/0),
-    no straggler, 10.308 s."""
+    5.752 s; summary.json: step 300, busy medians 1.528 ms (node0/0) and 1.518 ms (node1/0),
+    no straggler, 10.523 s."""
     page = page_of(runs / "job-steps")
     assert list(page.figures) == ["plot-loss", "plot-rank-busy", "plot-timeline"]
     loss = page.figures["plot-loss"]
@@ -188,7 +198,7 @@ def test_of_many_ranks_the_stragglers_and_the_slowest_are_drawn():
     """64 ranks whose compute grows with the rank number, rank 3 named a straggler: the 32
     bars drawn are rank 3 and the 31 slowest (33 to 63), and the title says how many."""
     rank_times = [{"rank": r, "node": f"n{r // 8}", "compute_s": 0.1 + r * 1e-4,
-                   "data_s": 0.0, "comm_s": 0.05} for r in range(64)]
+                   "data_wait_s": 0.0, "comm_wait_s": 0.05} for r in range(64)]
     stragglers = [{"node": "n0", "rank": 3, "ratio": 1.4, "intervals": 5}]
     fig, sentence = rank_split_plot(rank_times, stragglers)
     text = svg(fig, "plot-rank-split")
@@ -200,9 +210,11 @@ def test_of_many_ranks_the_stragglers_and_the_slowest_are_drawn():
 
 def test_where_comm_hook_auto_decided_is_marked(runs, browser):
     """The demo recipe with comm_hook auto (tests/report/data/demo-auto): its summary.json
-    says auto chose none at step 8, communication being 12% of an 88.627 ms step."""
+    says auto chose none at step 38: communication was 20% of the step, so it tried
+    PowerSGD, whose steps took 109.276 ms against 89.349 ms for plain all-reduce ones."""
     page = page_of(runs / "demo-auto")
     text = page.text("plot-comm-share")
-    assert "auto chose none at step 8 (all-reduce 88.6 ms per step)" in text
+    assert ("auto chose none at step 38 (all-reduce 89.3 ms per step, PowerSGD 109.3 ms per "
+            "step)") in text
     assert "comm hook auto;" in text
-    assert "comm_hook auto chose none at step 8" in page.dom       # report.md's sentence
+    assert "comm_hook auto kept plain all-reduce after step 38" in page.dom   # report.md's
