@@ -48,7 +48,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -57,10 +57,10 @@ from typing import Any
 from launcher import gitignore
 from launcher.errors import LauncherError
 from launcher.home import launch_home
-from launcher.workdir_node import link_cycles, resolve_link
+from launcher.workdir_node import link_cycles, reserved, resolve_link
 
 GIT_REASON = "`.git/` is never shipped"
-LAUNCH_REASON = "launch's own output"
+NODE_COPY_REASON = "launch's bookkeeping in a node's copy"
 IGNORE_FILES = (".gitignore", ".launchignore")   # a folder's rules, in this order
 SECRET_NAMES = (
     # (patterns on the file's name, lower-cased; what it usually is)
@@ -272,7 +272,7 @@ class _Walk:
     problems: list[tuple[str, str]] = field(default_factory=list)   # (path, why)
 
 
-def _walk(root: Path, leave_out: set[bytes]) -> _Walk:
+def _walk(root: Path, leave_out: dict[bytes, str]) -> _Walk:
     walk = _Walk()
     prefix, outer = _outer_rules(root, walk.warnings, walk.problems)
     top = os.fsencode(root)
@@ -294,10 +294,10 @@ def _walk(root: Path, leave_out: set[bytes]) -> _Walk:
         for item in items:
             path = rel + b"/" + item.name if rel else item.name
             name = os.fsdecode(path)
-            if item.name == b".git" or path in leave_out:
-                walk.excluded.append(Excluded(name + ("/" if item.is_dir() else ""),
-                                              GIT_REASON if item.name == b".git"
-                                              else LAUNCH_REASON))
+            why = GIT_REASON if item.name == b".git" else leave_out.get(path) or (
+                NODE_COPY_REASON if reserved(name) else None)
+            if why:
+                walk.excluded.append(Excluded(name + ("/" if item.is_dir() else ""), why))
                 continue
             try:
                 st = item.stat(follow_symlinks=False)
@@ -452,12 +452,12 @@ def _largest(files: list[tuple[bytes, os.stat_result]], count: int = 5) -> str:
 
 def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 100 * 10**6,
                  limit_hint: str = "the workdir size limit",
-                 leave_out: Iterable[Path] = ()) -> Manifest:
+                 leave_out: Mapping[Path, str] | None = None) -> Manifest:
     """The manifest of `root` (see the module's doc). WorkdirError when it cannot be shipped:
     not a folder, unreadable parts, links that leave it or loop, more than `limit_bytes`
     (`limit_hint` names the setting that raises the limit, in the message). `leave_out`:
-    files or folders launch itself writes (a runs folder inside the workdir), never shipped
-    whatever the rules say."""
+    absolute paths of files or folders never shipped whatever the rules say (the runs folder
+    when it lies inside the workdir), each with the reason `excluded` gives."""
     given = Path(root)
     try:
         root = given.resolve(strict=True)
@@ -467,10 +467,10 @@ def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 10
     if not root.is_dir():
         raise WorkdirError(f"workdir {given} is not a folder: give the folder that holds the "
                            "code to ship")
-    inside = set()
-    for path in leave_out:
+    inside = {}
+    for path, why in (leave_out or {}).items():
         try:
-            inside.add(os.fsencode(Path(path).resolve().relative_to(root).as_posix()))
+            inside[os.fsencode(Path(path).resolve().relative_to(root).as_posix())] = why
         except ValueError:
             pass   # not in the folder
     walk = _walk(root, inside)

@@ -1,16 +1,14 @@
-"""Shipping a scanned workdir (launcher/workdir.py's Manifest) into a run's folder, by content.
-
-Every node keeps a cache of file contents (launcher/workdir_node.py says its layout and why
-it is safe); a ship sends only the contents the cache lacks, then the node copies the run's
-tree out of its cache. An unchanged folder sends nothing but its manifest, one changed file
-sends that file alone, and a file deleted here is simply absent from the next run's folder
-(every run's folder is new).
+"""Shipping a scanned workdir (launcher/workdir.py's Manifest) to a node's copy of it, by
+content. launcher/workdir_node.py keeps that copy (one folder per node and workdir, across
+runs) and says how it stays safe; this side sends the manifest and whatever contents the node
+cannot find on its own. An unchanged folder sends nothing but its manifest, one changed file
+travels alone, a deleted file is removed from the copy.
 
 Over SSH it stays on the node's fabric connection, one exec channel: measured on the SSH lab
-(benchmarks/workdir_sync.py), paramiko's channel moved 200 MB as fast as an OpenSSH `ssh`
-(it encrypts with OpenSSL), so a second SSH client with its own copy of the connection's
-settings (key, port, known_hosts policy, jump host) would buy nothing. Safe to call for many
-nodes at once from threads: each call has its own channel and shares nothing.
+(benchmarks/workdir_sync.py), paramiko's channel moved 200 MB about as fast as an OpenSSH
+`ssh` (both encrypt with OpenSSL), so a second SSH client with its own copy of the
+connection's settings (key, port, known_hosts policy, jump host) would buy nothing. Safe to
+call for many nodes at once from threads: each call has its own channel and shares nothing.
 """
 
 from __future__ import annotations
@@ -31,14 +29,16 @@ if TYPE_CHECKING:
 
 NODE_SOURCE = Path(node.__file__).read_text()
 CHANNEL_TIMEOUT = 300.0   # seconds one send or receive may stall before the node is given up
+LOCK_NAME = node.LOCK     # in the folder used: a running job holds it shared
 
 
 @dataclass(frozen=True)
 class ShipStats:
-    files_sent: int       # contents the node's cache lacked (each sent once, however many
-    bytes_sent: int       # files hold it), and their bytes
+    files_sent: int       # contents the node could not find itself (each sent once, however
+    bytes_sent: int       # many files hold it), and their bytes
     files_total: int
     seconds: float
+    dest: str             # the folder used: DEST, or a sibling when DEST was busy
 
 
 def _sources(manifest: Manifest) -> dict[str, tuple[str, int]]:
@@ -60,30 +60,28 @@ def _changed(manifest: Manifest, path: str) -> str:
             "run again")
 
 
-def ship_local(manifest: Manifest, dest: Path, cache: Path) -> ShipStats:
-    """`dest` (new, or an empty folder) gets exactly the manifest's tree, through the cache
-    folder `cache` on this machine (or on a file system the nodes share)."""
+def ship_local(manifest: Manifest, dest: Path, *, busy: str = "sibling") -> ShipStats:
+    """Make `dest` (on this machine, or on a file system the nodes share) hold the manifest's
+    tree; `busy`: what to do when a running job uses it and the content differs ("sibling":
+    use DEST.2, DEST.3, ...; "wait")."""
     started = time.perf_counter()
     sources = _sources(manifest)
+
+    def fetch(missing: list[str], receive) -> None:
+        for sha in missing:
+            path, _size = sources[sha]
+            try:
+                with _open_source(manifest, path) as f:
+                    receive(sha, f)
+            except (node.ShipError, OSError):
+                raise WorkdirError(_changed(manifest, path)) from None
+
     try:
-        entries = node.checked_entries(manifest.wire_entries())
-        store = node.Cache(str(cache))
-        where = node.prepare_dest(str(dest))
-        node.check_apart(where, store.root)
-
-        def fetch(missing: list[str]) -> None:
-            for sha in missing:
-                path, size = sources[sha]
-                try:
-                    with _open_source(manifest, path) as f:
-                        store.receive(sha, size, f, path)
-                except (node.ShipError, OSError):
-                    raise node.ShipError(_changed(manifest, path)) from None
-
-        sent, nbytes = node.ship(store, where, entries, manifest.digest, fetch)
+        used, sent, nbytes = node.sync(str(dest), node.checked_entries(manifest.wire_entries()),
+                                       manifest.digest, fetch, busy)
     except (node.ShipError, OSError) as err:
         raise WorkdirError(f"shipping workdir {manifest.root} to {dest}: {err}") from None
-    return ShipStats(sent, nbytes, manifest.files, time.perf_counter() - started)
+    return ShipStats(sent, nbytes, manifest.files, time.perf_counter() - started, used)
 
 
 class _Channel:
@@ -119,20 +117,21 @@ class _Channel:
         self.channel.sendall(struct.pack(">I", len(data)) + data)
 
 
-def ship_ssh(conn: Connection, manifest: Manifest, dest: str, cache: str, python: str, *,
-             host: str | None = None) -> ShipStats:
-    """Ship to the node behind the open fabric connection `conn`: `dest` (new, or an empty
-    folder) and `cache` are paths on the node (relative ones from the login folder, `~`
-    expanded); `python` the node's interpreter (3.10+). HostProblem naming `host` (default
-    the connection's address) when it fails."""
-    from launcher.ssh import HostProblem, remote
+def ship_ssh(conn: Connection, manifest: Manifest, dest: str, *, python: str,
+             host: str | None = None, busy: str = "sibling") -> ShipStats:
+    """Ship to the node behind the open fabric connection `conn`: `dest` is a path on the node
+    (a relative one from the login folder, `~` expanded), `python` the node's interpreter
+    (3.10+), `busy` as for ship_local. WorkdirError naming `host` (default: the connection's
+    address) and the file when it fails."""
+    from launcher.ssh import remote
 
     started = time.perf_counter()
     name = host or conn.host
     sources = _sources(manifest)
 
-    def failure(why: str) -> HostProblem:
-        return HostProblem(name, f"shipping the workdir to {dest} failed: {why}")
+    def failure(why: str) -> WorkdirError:
+        return WorkdirError(f"host {name}: shipping workdir {manifest.root} to {dest} failed: "
+                            f"{why}")
 
     transport = conn.client.get_transport() if conn.is_connected else None
     if transport is None or not transport.is_active():
@@ -141,7 +140,7 @@ def ship_ssh(conn: Connection, manifest: Manifest, dest: str, cache: str, python
     channel.settimeout(CHANNEL_TIMEOUT)
     link = _Channel(channel)
 
-    def node_gone() -> HostProblem:
+    def node_gone() -> WorkdirError:
         # No answer: the interpreter did not start, or died; its stderr and status say which.
         status = channel.exit_status if channel.status_event.wait(10) else None
         err = b""
@@ -149,15 +148,16 @@ def ship_ssh(conn: Connection, manifest: Manifest, dest: str, cache: str, python
             err += channel.recv_stderr(1 << 16)
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         if status == 127:
-            return HostProblem(name, f"interpreter {python} (launch_python) not found: run "
-                                     "`launch setup` or set launch_python")
+            return WorkdirError(f"host {name}: interpreter {python} (launch_python) not found: "
+                                "run `launch setup` or set launch_python")
         return failure(f"{python} exited {status}: {last}")
 
     try:
-        channel.exec_command(remote(python, "-c", NODE_SOURCE, "serve", dest, cache))
+        channel.exec_command(remote(python, "-c", NODE_SOURCE, "serve", dest))
         if not link.skip_to_magic():
             raise node_gone()
-        link.send_frame({"entries": manifest.wire_entries(), "digest": manifest.digest})
+        link.send_frame({"entries": manifest.wire_entries(), "digest": manifest.digest,
+                         "busy": busy})
         answer = link.frame()
         if answer is None:
             raise node_gone()
@@ -168,11 +168,8 @@ def ship_ssh(conn: Connection, manifest: Manifest, dest: str, cache: str, python
             raise failure("the node asked for content the manifest does not hold")
         try:
             for sha in missing:
-                path, size = sources[sha]
-                _send_file(channel, manifest, path, size)
+                _send_file(channel, manifest, *sources[sha])
         except OSError as err:
-            if isinstance(err, (FileNotFoundError, _ShortRead)):
-                raise WorkdirError(_changed(manifest, path)) from None
             # The node stopped reading: its answer says why.
             answer = link.frame()
             raise failure(answer["error"] if answer and "error" in answer else str(err)) \
@@ -183,23 +180,28 @@ def ship_ssh(conn: Connection, manifest: Manifest, dest: str, cache: str, python
         if "error" in answer:
             raise failure(answer["error"])
         return ShipStats(answer["received"], answer["bytes"], manifest.files,
-                         time.perf_counter() - started)
-    except (TimeoutError, EOFError) as err:
-        raise failure(f"the node stopped answering ({type(err).__name__})") from None
+                         time.perf_counter() - started, answer["dest"])
+    except (TimeoutError, EOFError, OSError) as err:
+        raise failure(f"the connection failed ({type(err).__name__}: {err})") from None
     finally:
         channel.close()
 
 
-class _ShortRead(OSError):
-    pass
-
-
 def _send_file(channel, manifest: Manifest, path: str, size: int) -> None:
-    with _open_source(manifest, path) as f:
+    """The file's `size` bytes into the channel; WorkdirError when the file is no longer
+    what the scan read (the node then sees the channel close and keeps nothing of it)."""
+    try:
+        source = _open_source(manifest, path)
+    except OSError:
+        raise WorkdirError(_changed(manifest, path)) from None
+    with source:
         left = size
         while left:
-            chunk = f.read(min(node.CHUNK, left))
+            try:
+                chunk = source.read(min(node.CHUNK, left))
+            except OSError:
+                chunk = b""
             if not chunk:
-                raise _ShortRead()
+                raise WorkdirError(_changed(manifest, path))
             channel.sendall(chunk)
             left -= len(chunk)

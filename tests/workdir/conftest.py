@@ -80,11 +80,17 @@ PROJECT = {
 }
 
 
+BOOKKEEPING = {".launch-lock", ".launch-shipped.json"}
+
+
 def tree_of(root: Path) -> dict:
-    """Everything under root as the job sees it: kind, mode, content or target."""
+    """Everything under root as the job sees it (launch's two bookkeeping files aside): kind,
+    mode, content or target."""
     out = {}
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
+            if folder == str(root) and name in BOOKKEEPING:
+                continue
             path = Path(folder, name)
             rel = path.relative_to(root).as_posix()
             st = path.lstat()

@@ -302,6 +302,10 @@ def test_render_groups_what_is_left_out(tmp_path):
 def test_launch_leaves_its_own_output_out(tmp_path):
     root = make_tree(tmp_path / "w", {"train.py": "", "runs/r1/node.log": "", ".gitignore":
                                       "!runs/\n", "other/runs/keep": ""})
-    manifest = scan_workdir(root, leave_out=[root / "runs", tmp_path / "elsewhere"])
+    (root / ".launch-shipped.json").write_text("{}")   # a node's copy, scanned again
+    manifest = scan_workdir(root, leave_out={root / "runs": "the runs folder (--runs-dir)",
+                                             tmp_path / "elsewhere": "not inside"})
     assert shipped(manifest) == {".gitignore", "train.py", "other/runs/keep"}
-    assert [(x.path, x.reason) for x in manifest.excluded] == [("runs/", "launch's own output")]
+    assert [(x.path, x.reason) for x in manifest.excluded] == [
+        (".launch-shipped.json", "launch's bookkeeping in a node's copy"),
+        ("runs/", "the runs folder (--runs-dir)")]

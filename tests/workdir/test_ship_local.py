@@ -1,5 +1,5 @@
-"""ship_local and the node side it shares with ship_ssh: exact trees, content-addressed
-re-ships, runs that cannot reach each other's files, concurrent and interrupted ships."""
+"""ship_local and the node side it shares with ship_ssh: a copy per node kept across runs,
+updated by content, owning only what launch wrote, safe beside running jobs and other ships."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from launcher.workdir import WorkdirError, scan_workdir
 from launcher.workdir_sync import ship_local
 from tests.workdir.conftest import PROJECT, expected_tree, make_tree, tree_of
 
+
 @pytest.fixture
 def project(tmp_path):
     root = make_tree(tmp_path / "project", PROJECT)
@@ -32,77 +33,135 @@ def project(tmp_path):
 
 def test_first_ship_builds_exactly_the_manifest(project, tmp_path):
     manifest = scan_workdir(project)
-    stats = ship_local(manifest, tmp_path / "runs/r1/workdir", tmp_path / "cache")
-    assert tree_of(tmp_path / "runs/r1/workdir") == expected_tree(manifest)
-    assert "model.ckpt" not in tree_of(tmp_path / "runs/r1/workdir")
+    stats = ship_local(manifest, tmp_path / "node/workdir")
+    assert stats.dest == str(tmp_path / "node/workdir")
+    assert tree_of(tmp_path / "node/workdir") == expected_tree(manifest)
     # The two files with one content travel once.
     assert (stats.files_sent, stats.files_total) == (manifest.files - 1, manifest.files)
     assert stats.bytes_sent == manifest.total_bytes - len("duplicate content")
 
 
-def test_reships_send_only_what_changed(project, tmp_path):
-    cache = tmp_path / "cache"
-    ship_local(scan_workdir(project), tmp_path / "r1", cache)
-    unchanged = ship_local(scan_workdir(project), tmp_path / "r2", cache)
+def test_reships_send_and_write_only_what_changed(project, tmp_path):
+    dest = tmp_path / "copy"
+    ship_local(scan_workdir(project), dest)
+    inodes = {p: (dest / p).stat().st_ino for p in ("train.py", "run.sh")}
+    unchanged = ship_local(scan_workdir(project), dest)
     assert (unchanged.files_sent, unchanged.bytes_sent) == (0, 0)
-    assert tree_of(tmp_path / "r2") == tree_of(tmp_path / "r1")
 
     (project / "pkg/__init__.py").write_text("VALUE = 43\n")
     (project / "same_b.txt").unlink()
+    (project / "config").unlink()
+    (project / "new/deeper").mkdir(parents=True)
+    os.utime(project / "train.py", (1, 1))   # the same content: not rewritten
     manifest = scan_workdir(project)
-    one = ship_local(manifest, tmp_path / "r3", cache)
+    one = ship_local(manifest, dest)
     assert (one.files_sent, one.bytes_sent) == (1, len("VALUE = 43\n"))
-    assert tree_of(tmp_path / "r3") == expected_tree(manifest)
-    assert not (tmp_path / "r3/same_b.txt").exists()
-    assert (tmp_path / "r1/pkg/__init__.py").read_text() == "VALUE = 42\n"
+    got = tree_of(dest)
+    want = expected_tree(manifest)
+    assert got.pop("train.py")[:3] == want.pop("train.py")[:3]
+    assert got == want
+    assert {p: (dest / p).stat().st_ino for p in inodes} == inodes
 
 
-def test_a_job_changing_its_files_in_place_changes_no_other_run(project, tmp_path):
-    cache = tmp_path / "cache"
+def test_what_setup_and_jobs_wrote_stays(project, tmp_path):
+    dest = tmp_path / "copy"
+    ship_local(scan_workdir(project), dest)
+    (dest / "build").mkdir()
+    (dest / "build/ext.so").write_bytes(b"\x7fELF")
+    (dest / "outputs/log.txt").write_text("from the job")
+    (dest / "pkg/generated.py").write_text("X = 1\n")
+    shutil.rmtree(project / "outputs")
+    (project / "pkg/__init__.py").unlink()
     manifest = scan_workdir(project)
-    ship_local(manifest, tmp_path / "r1", cache)
-    ship_local(manifest, tmp_path / "r2", cache)
-    # The job of r1 rewrites, truncates and chmods its files without replacing them.
-    with open(tmp_path / "r1/train.py", "r+b") as f:
+    ship_local(manifest, dest)
+    got = tree_of(dest)
+    assert got["build/ext.so"][2] == b"\x7fELF"
+    assert got["outputs/log.txt"][2] == b"from the job"   # its folder left the manifest
+    assert got["pkg/generated.py"][2] == b"X = 1\n"
+    assert "pkg/__init__.py" not in got
+    launched = {p: v for p, v in got.items()
+                if not p.startswith(("build", "outputs")) and p != "pkg/generated.py"}
+    assert launched == expected_tree(manifest)
+
+
+def test_files_a_job_changed_in_place_are_shipped_again(project, tmp_path):
+    dest = tmp_path / "copy"
+    manifest = scan_workdir(project)
+    ship_local(manifest, dest)
+    (tmp_path / "kept").mkdir()
+    os.link(dest / "train.py", tmp_path / "kept/train.py")   # a job keeps a hard link
+    before = (dest / "train.py").stat()
+    with open(dest / "train.py", "r+b") as f:   # same size, time put back: only ctime tells
         f.write(b"CORRUPTED")
-    os.truncate(tmp_path / "r1/pkg/data.csv", 0)
-    (tmp_path / "r1/run.sh").chmod(0o600)
-    ship_local(manifest, tmp_path / "r3", cache)
-    assert tree_of(tmp_path / "r2") == tree_of(tmp_path / "r3") == expected_tree(manifest)
-    # Its own copies: no inode is shared with the cache or another run.
-    for run in ("r1", "r2", "r3"):
-        assert (tmp_path / run / "train.py").stat().st_nlink == 1
+    os.utime(dest / "train.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.truncate(dest / "pkg/data.csv", 0)
+    (dest / "run.sh").chmod(0o600)
+    stats = ship_local(manifest, dest)
+    assert stats.files_sent == 3
+    assert tree_of(dest) == expected_tree(manifest)
+    # Replaced by rename, never rewritten in place: the job's hard link keeps its bytes.
+    assert (tmp_path / "kept/train.py").read_bytes().startswith(b"CORRUPTED")
 
 
-def test_the_destination_must_be_new_or_empty(project, tmp_path):
-    manifest = scan_workdir(project)
-    (tmp_path / "empty").mkdir()
-    ship_local(manifest, tmp_path / "empty", tmp_path / "cache")
-    with pytest.raises(WorkdirError, match=f"{tmp_path / 'empty'} is not empty"):
-        ship_local(manifest, tmp_path / "empty", tmp_path / "cache")
+def test_a_busy_copy_is_never_changed(project, tmp_path):
+    """A running job holds the lock shared: a ship with other content goes to a sibling
+    (its unchanged files copied from the busy one, not sent); one with the same content
+    shares the busy folder; with busy="wait" it waits for the job."""
+    dest = tmp_path / "copy"
+    first = scan_workdir(project)
+    want_first = expected_tree(first)
+    ship_local(first, dest)
+    job = os.open(dest / ".launch-lock", os.O_RDWR)
+    fcntl.flock(job, fcntl.LOCK_SH)
+    (project / "pkg/__init__.py").write_text("VALUE = 43\n")
+    second = scan_workdir(project)
+    want_second = expected_tree(second)
+    moved = ship_local(second, dest)
+    assert moved.dest == f"{dest}.2" and moved.files_sent == 1
+    assert tree_of(dest) == want_first
+    assert tree_of(Path(moved.dest)) == want_second
+    (project / "pkg/__init__.py").write_text(PROJECT["pkg/__init__.py"])
+    shared = ship_local(scan_workdir(project), dest)
+    assert (shared.dest, shared.files_sent) == (str(dest), 0)
+
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(ship_local(second, dest, busy="wait")))
+    waiter.start()
+    time.sleep(0.5)
+    assert not done and tree_of(dest) == want_first
+    os.close(job)   # the job ends
+    waiter.join()
+    assert done[0].dest == str(dest) and tree_of(dest) == want_second
+
+
+def test_the_destination_must_be_a_folder(project, tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(WorkdirError, match="exists and is not a folder"):
-        ship_local(manifest, tmp_path / "file", tmp_path / "cache")
-    with pytest.raises(WorkdirError, match="overlap"):
-        ship_local(manifest, tmp_path / "cache" / "run", tmp_path / "cache")
+    with pytest.raises(WorkdirError, match=f"{tmp_path / 'file'} exists and is not a folder"):
+        ship_local(scan_workdir(project), tmp_path / "file")
 
 
-def test_a_file_changed_after_the_scan_fails_the_ship_and_leaves_nothing(project, tmp_path):
+def test_a_file_changed_after_the_scan_fails_and_changes_nothing(project, tmp_path):
+    dest = tmp_path / "copy"
+    ship_local(scan_workdir(project), dest)
+    (project / "pkg/__init__.py").write_text("VALUE = 1\n")
     manifest = scan_workdir(project)
-    (project / "pkg/__init__.py").write_text("VALUE = 0\n")
+    before = tree_of(dest)
+    (project / "pkg/__init__.py").write_text("VALUE = 2\n")
     with pytest.raises(WorkdirError) as err:
-        ship_local(manifest, tmp_path / "r1", tmp_path / "cache")
+        ship_local(manifest, dest)
     assert f"{project / 'pkg/__init__.py'} changed after launch scanned" in str(err.value)
-    assert os.listdir(tmp_path / "r1") == []
+    assert tree_of(dest) == before
+    assert [n for n in os.listdir(dest) if n.startswith(".launch-staging")] == []
     (project / "pkg/__init__.py").unlink()
     with pytest.raises(WorkdirError, match="pkg/__init__.py changed after launch scanned"):
-        ship_local(manifest, tmp_path / "r2", tmp_path / "cache")
+        ship_local(manifest, dest)
 
 
-def test_concurrent_ships_to_one_cache(project, tmp_path):
-    """Eight ships at once, four folder states, one cache: each run gets its own state."""
-    cache = tmp_path / "cache"
-    manifests, expected = [], []
+def test_concurrent_ships_leave_every_copy_whole(project, tmp_path):
+    """Eight ships at once, four folder states, one DEST: each returns a folder that held its
+    state when it returned, and every copy ends whole (exactly the state its record names)."""
+    dest = tmp_path / "copy"
+    manifests, expected = [], {}
     for i in range(4):
         state = tmp_path / f"state{i}"
         shutil.copytree(project, state, symlinks=True)
@@ -110,12 +169,12 @@ def test_concurrent_ships_to_one_cache(project, tmp_path):
         for k in range(i + 1):
             (state / f"extra{k}.bin").write_bytes(bytes([k]) * 200_000)
         manifests.append(scan_workdir(state))
-        expected.append(expected_tree(manifests[-1]))
+        expected[manifests[-1].digest] = expected_tree(manifests[-1])
     errors = []
 
     def one(i):
         try:
-            ship_local(manifests[i % 4], tmp_path / f"r{i}", cache)
+            ship_local(manifests[i % 4], dest)
         except Exception as err:   # noqa: BLE001 (reported below)
             errors.append(err)
 
@@ -125,13 +184,12 @@ def test_concurrent_ships_to_one_cache(project, tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    for i in range(8):
-        assert tree_of(tmp_path / f"r{i}") == expected[i % 4]
-
-
-def _serve(dest: Path, cache: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, node.__file__, "serve", str(dest), str(cache)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    copies = [p for p in [dest, *tmp_path.glob("copy.*")] if p.is_dir()]
+    for copy in copies:
+        digest = json.loads((copy / ".launch-shipped.json").read_text())["digest"]
+        # Times aside: a content kept from an earlier state keeps its time.
+        assert {p: v[:3] for p, v in tree_of(copy).items()} == \
+            {p: v[:3] for p, v in expected[digest].items()}
 
 
 def _frame(payload: dict) -> bytes:
@@ -139,62 +197,57 @@ def _frame(payload: dict) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
-def test_a_ship_killed_midway_leaves_the_cache_usable(project, tmp_path):
-    cache = tmp_path / "cache"
+def _request(manifest, busy="sibling") -> bytes:
+    return _frame({"entries": manifest.wire_entries(), "digest": manifest.digest,
+                   "busy": busy})
+
+
+def test_a_ship_killed_midway_leaves_the_copy_usable(project, tmp_path):
+    dest = tmp_path / "copy"
+    ship_local(scan_workdir(project), dest)
     (project / "big.bin").write_bytes(os.urandom(3_000_000))
+    (project / "pkg/__init__.py").write_text("VALUE = 7\n")
     manifest = scan_workdir(project)
-    proc = _serve(tmp_path / "r1", cache)
+    proc = subprocess.Popen([sys.executable, node.__file__, "serve", str(dest)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout.read(len(node.MAGIC)) == node.MAGIC
-    proc.stdin.write(_frame({"entries": manifest.wire_entries(), "digest": manifest.digest}))
+    proc.stdin.write(_request(manifest))
     proc.stdin.flush()
     (length,) = struct.unpack(">I", proc.stdout.read(4))
     missing = json.loads(proc.stdout.read(length))["missing"]
     big = next(e for e in manifest.entries if e.path == "big.bin")
-    sources = {e.sha256: e for e in reversed(manifest.entries) if e.kind == "file"}
-    for sha in missing:   # every object up to the big one, then half of it
-        data = (project / sources[sha].path).read_bytes()
-        if sha == big.sha256:
-            proc.stdin.write(data[:len(data) // 2])
-            proc.stdin.flush()
-            break
-        proc.stdin.write(data)
-    for _ in range(1000):   # until the half object is being written
-        if list((cache / "tmp").iterdir()):
+    assert missing[0] == big.sha256
+    proc.stdin.write((project / "big.bin").read_bytes()[:1_500_000])
+    proc.stdin.flush()
+    for _ in range(1000):   # until the half content is being written
+        staging = [p for p in dest.iterdir() if p.name.startswith(".launch-staging")]
+        if staging and any(f.stat().st_size for f in staging[0].iterdir()):
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (Path(node.Cache(str(cache)).object(big.sha256))).exists()
-    stats = ship_local(manifest, tmp_path / "r2", cache)
-    assert tree_of(tmp_path / "r2") == expected_tree(manifest)
-    assert 0 < stats.files_sent < manifest.files   # what arrived before the kill stayed
+    assert (dest / "pkg/__init__.py").read_text() == PROJECT["pkg/__init__.py"]
+    stats = ship_local(manifest, dest)   # the lock went with the process
+    assert stats.files_sent == 2
+    assert tree_of(dest) == expected_tree(manifest)
+    assert [p for p in dest.iterdir() if p.name.startswith(".launch-staging")] == []
 
 
-def test_pruning_keeps_recent_states_and_waits_for_running_ships(project, tmp_path):
-    cache = tmp_path / "cache"
-    shas = []
-    for i in range(node.KEEP_STATES + node.PRUNE_SLACK + 1):
-        (project / "pkg/__init__.py").write_text(f"VALUE = {i}\n")
-        manifest = scan_workdir(project)
-        shas.append(next(e.sha256 for e in manifest.entries if e.path == "pkg/__init__.py"))
-        if i == node.KEEP_STATES + node.PRUNE_SLACK:
-            # Another ship holds the cache: this one must not prune under it.
-            held = os.open(cache / "lock", os.O_RDWR)
-            fcntl.flock(held, fcntl.LOCK_SH)
-            ship_local(manifest, tmp_path / f"r{i}", cache)
-            assert all(Path(node.Cache(str(cache)).object(s)).exists() for s in shas)
-            os.close(held)
-            ship_local(manifest, tmp_path / f"again{i}", cache)
-        else:
-            ship_local(manifest, tmp_path / f"r{i}", cache)
-    store = node.Cache(str(cache))
-    kept = [Path(store.object(s)).exists() for s in shas]
-    assert kept == [False] * (len(shas) - node.KEEP_STATES) + [True] * node.KEEP_STATES
-    assert len(os.listdir(cache / "states")) == node.KEEP_STATES
-    assert os.listdir(cache / "tmp") == []
-    (project / "pkg/__init__.py").write_text("VALUE = 0\n")
-    again = ship_local(scan_workdir(project), tmp_path / "after", cache)
-    assert again.files_sent == 1   # a pruned content is simply sent again
+def test_nothing_is_written_through_a_link_a_job_planted(project, tmp_path):
+    dest = tmp_path / "copy"
+    manifest = scan_workdir(project)
+    ship_local(manifest, dest)
+    victim = make_tree(tmp_path / "victim", {"__init__.py": "victim's", "data.csv": "victim's",
+                                             "train.py": "victim's"})
+    shutil.rmtree(dest / "pkg")
+    os.symlink(victim, dest / "pkg")
+    (dest / "train.py").unlink()
+    os.symlink(victim / "train.py", dest / "train.py")
+    stats = ship_local(manifest, dest)
+    assert {p.name: p.read_text() for p in victim.iterdir()} == {
+        "__init__.py": "victim's", "data.csv": "victim's", "train.py": "victim's"}
+    assert tree_of(dest) == expected_tree(manifest)
+    assert stats.files_sent == 3
 
 
 SHA = "0" * 64
@@ -205,6 +258,8 @@ SHA = "0" * 64
     ([["/etc/passwd", "file", 0o644, 0, SHA, "", 0]], "is not a relative path"),
     ([["a/../b", "file", 0o644, 0, SHA, "", 0]], "has an empty, `.` or `..` part"),
     ([["a//b", "file", 0o644, 0, SHA, "", 0]], "has an empty, `.` or `..` part"),
+    ([[".launch-shipped.json", "file", 0o644, 0, SHA, "", 0]], "keeps for itself"),
+    ([[".launch-staging-1", "dir", 0o755, 0, "", "", 0]], "keeps for itself"),
     ([["x", "file", 0o644, 0, SHA, "", 0], ["x", "file", 0o644, 0, SHA, "", 0]],
      "listed twice"),
     ([["d/x", "file", 0o644, 0, SHA, "", 0]], "its folder 'd' is not listed"),
@@ -223,22 +278,14 @@ def test_the_node_refuses_bad_manifests(entries, why):
 
 
 def test_the_node_program_runs_on_its_own(project, tmp_path):
-    """As on a node: the file alone, standard library only, launch not importable."""
+    """As on a node: the file's text alone, standard library only, launch not importable."""
     manifest = scan_workdir(project)
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": "", "HOME": str(tmp_path)}
-    code = Path(node.__file__).read_text()
+    contents = {e.sha256: e for e in reversed(manifest.entries) if e.kind == "file"}
+    ordered = sorted(contents.values(), key=lambda e: e.path)
     proc = subprocess.run(
-        [sys.executable, "-I", "-c", code, "serve", "~/r1", "~/cache"], env=env, cwd="/",
-        input=(_frame({"entries": manifest.wire_entries(), "digest": manifest.digest})
-               + b"".join((project / e.path).read_bytes() for e in _first_of_each(manifest))),
+        [sys.executable, "-I", "-c", Path(node.__file__).read_text(), "serve", "~/copy"],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, cwd="/",
+        input=_request(manifest) + b"".join((project / e.path).read_bytes() for e in ordered),
         capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
-    assert tree_of(tmp_path / "r1") == expected_tree(manifest)
-
-
-def _first_of_each(manifest):
-    seen = set()
-    for e in manifest.entries:
-        if e.kind == "file" and e.sha256 not in seen:
-            seen.add(e.sha256)
-            yield e
+    assert tree_of(tmp_path / "copy") == expected_tree(manifest)
