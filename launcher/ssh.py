@@ -187,6 +187,17 @@ def parse_proxy_command(command: str) -> _Hop | None:
     return _Hop(hop.host, port if port != 22 else hop.port, hop.user or user, key, known)
 
 
+class _Transport(paramiko.Transport):
+    """AES-GCM first, as OpenSSH servers offer it: paramiko moved 200 MB a quarter faster with
+    it than with its default aes128-ctr + hmac-sha2-256 (an AEAD cipher needs no separate MAC
+    pass; measured on the SSH lab for benchmarks/workdir_sync.py). Every cipher paramiko
+    accepts stays on the list, for servers without GCM."""
+
+    _preferred_ciphers = (
+        "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
+
+
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
     """Record an unknown key in the known_hosts file (a changed key still fails earlier:
     paramiko raises BadHostKeyException before consulting the policy)."""
@@ -293,7 +304,7 @@ def connect(node: Node, options: SshOptions) -> Connection:
         gateway = via
     known_hosts = known_hosts_for(node, options.known_hosts)
     kwargs: dict = {"banner_timeout": options.connect_timeout,
-                    "auth_timeout": options.connect_timeout}
+                    "auth_timeout": options.connect_timeout, "transport_factory": _Transport}
     if node.key_file:
         key = Path(node.key_file).expanduser()
         if not key.exists():

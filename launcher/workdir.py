@@ -49,6 +49,7 @@ import os
 import stat
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -339,16 +340,28 @@ def _hash_file(path: bytes, st: os.stat_result) -> tuple[str, bool]:
             raise OSError(0, "it changed while launch read it; run again")
         if st.st_size < _SMALL:
             data = f.read()
+            if len(data) != st.st_size:
+                raise OSError(0, "it changed while launch read it; run again")
             head = data[:4096].lstrip()
             return (hashlib.sha256(data).hexdigest(),
                     head.startswith(_KEY_HEADERS) and (b"PRIVATE KEY" in head[:100]
                                                        or head.startswith(_KEY_HEADERS[1])))
         if hasattr(hashlib, "file_digest"):
-            return hashlib.file_digest(f, "sha256").hexdigest(), False
-        digest = hashlib.sha256()   # Python 3.10
-        while chunk := f.read(_SMALL):
-            digest.update(chunk)
+            digest = hashlib.file_digest(f, "sha256")
+        else:
+            digest = hashlib.sha256()   # Python 3.10
+            while chunk := f.read(_SMALL):
+                digest.update(chunk)
+        if f.tell() != st.st_size:
+            raise OSError(0, "it changed while launch read it; run again")
         return digest.hexdigest(), False
+
+
+def _hash_or_error(path: bytes, st: os.stat_result) -> tuple[str, bool] | OSError:
+    try:
+        return _hash_file(path, st)
+    except OSError as err:
+        return err
 
 
 class _HashCache:
@@ -489,16 +502,21 @@ def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 10
     entries: dict[str, Entry] = {}
     secrets = []
     top = os.fsencode(root)
+    known = {path: cache.get(os.fsdecode(path), st) for path, st in walk.files}
+    unknown = [(path, st) for path, st in walk.files if known[path] is None]
+    # Hashing releases the GIL: a few threads keep the cores and the disk busy at once.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        hashed = dict(zip((path for path, _ in unknown), pool.map(
+            lambda f: _hash_or_error(os.path.join(top, f[0]), f[1]), unknown)))
     for path, st in walk.files:
         name = os.fsdecode(path)
-        found = cache.get(name, st)
+        found = known[path]
         if found is None:
-            try:
-                found = _hash_file(os.path.join(top, path), st)
-            except FileNotFoundError:
+            found = hashed[path]
+            if isinstance(found, FileNotFoundError):
                 continue
-            except OSError as err:
-                walk.problems.append((name, f"cannot read it ({err.strerror})"))
+            if isinstance(found, OSError):
+                walk.problems.append((name, f"cannot read it ({found.strerror})"))
                 continue
             cache.put(name, st, *found, time.time_ns())
         sha, holds_key = found

@@ -497,9 +497,16 @@ def _sources(dest: str, copy: Copy, folders: _Folders, opened: list[_Folders]
     return out
 
 
-def _copy_from(places: list, staging: int, staged: str, size: int) -> bool:
+def _seal(fd: int, entry) -> None:
+    """A staged file's final mode and time, set once its bytes are all written."""
+    os.fchmod(fd, entry[2])
+    os.utime(fd, ns=(entry[6], entry[6]))
+
+
+def _copy_from(places: list, staging: int, staged: str, entry) -> bool:
     """Copy a content from the first place still holding it (stat data as recorded before and
     after the copy) into the staged file; False when none does."""
+    size = entry[3]
     for reach, name, record, racy in places:
         try:
             fd, leaf = reach.where(name)
@@ -514,6 +521,7 @@ def _copy_from(places: list, staging: int, staged: str, size: int) -> bool:
                     else:
                         _copy(source, out, size)
                         same = True
+                    _seal(out, entry)
                 finally:
                     os.close(out)
                 if same and _stat_key(os.fstat(source)) == record[2:]:
@@ -533,9 +541,10 @@ def _copy_hashing(src: int, dst: int) -> str:
     return digest.hexdigest()
 
 
-def _receive(source, size: int, sha: str, name: str, staging: int, staged: str) -> None:
-    """Exactly `size` bytes from `source` (a binary file object) into the staged file, with
-    their sha256 checked."""
+def _receive(source, entry, staging: int, staged: str) -> None:
+    """Exactly the entry's size in bytes from `source` (a binary file object) into the staged
+    file, with their sha256 checked."""
+    name, _kind, _mode, size, sha, _target, _mtime = entry
     fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                  dir_fd=staging)
     try:
@@ -550,12 +559,12 @@ def _receive(source, size: int, sha: str, name: str, staging: int, staged: str) 
             while view:
                 view = view[os.write(fd, view):]
             left -= len(chunk)
+        _seal(fd, entry)
     finally:
         os.close(fd)
     if digest.hexdigest() != sha:
-        raise ShipError(f"{name} arrived with other content than scanned (sha256 "
-                        f"{digest.hexdigest()[:12]}, not {sha[:12]}): did it change during the "
-                        "ship? run again")
+        raise ShipError(f"{name} changed after launch scanned the folder (its content now "
+                        f"hashes to {digest.hexdigest()[:12]}, not {sha[:12]}): run again")
 
 
 def sync(dest: str, entries, digest: str, fetch, busy: str = "sibling"
@@ -632,13 +641,13 @@ def _stage(dest, copy, folders, entries, todo, staging, fetch) -> tuple[int, int
         first: dict[str, str] = {}           # sha -> the staged file already holding it
         waiting: dict[str, list[int]] = {}   # sha -> entries that need it from the client
         for i in todo:
-            path, _kind, _mode, size, sha, _target, _mtime = entries[i]
+            path, _kind, _mode, _size, sha, _target, _mtime = entries[i]
             with _about(copy.path, path):
                 if sha in first:
-                    _copy_staged(staging, first[sha], str(i), size)
+                    _copy_staged(staging, first[sha], str(i), entries[i])
                 elif sha in waiting:
                     waiting[sha].append(i)
-                elif _copy_from(sources.get(sha, []), staging, str(i), size):
+                elif _copy_from(sources.get(sha, []), staging, str(i), entries[i]):
                     first[sha] = str(i)
                 else:
                     waiting[sha] = [i]
@@ -649,13 +658,13 @@ def _stage(dest, copy, folders, entries, todo, staging, fetch) -> tuple[int, int
 
     def receive(sha: str, source) -> None:
         ids = waiting[sha]
-        path, _kind, _mode, size, *_ = entries[ids[0]]
-        with _about(copy.path, path):
-            _receive(source, size, sha, path, staging, str(ids[0]))
-            for i in ids[1:]:
-                _copy_staged(staging, str(ids[0]), str(i), size)
+        with _about(copy.path, entries[ids[0]][0]):
+            _receive(source, entries[ids[0]], staging, str(ids[0]))
+        for i in ids[1:]:
+            with _about(copy.path, entries[i][0]):
+                _copy_staged(staging, str(ids[0]), str(i), entries[i])
         got[0] += 1
-        got[1] += size
+        got[1] += entries[ids[0]][3]
 
     fetch(list(waiting), receive)
     if got[0] != len(waiting):
@@ -663,12 +672,13 @@ def _stage(dest, copy, folders, entries, todo, staging, fetch) -> tuple[int, int
     return got[0], got[1]
 
 
-def _copy_staged(staging: int, source: str, staged: str, size: int) -> None:
+def _copy_staged(staging: int, source: str, staged: str, entry) -> None:
     with _open_file(staging, source) as src:
         out = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                       dir_fd=staging)
         try:
-            _copy(src, out, size)
+            _copy(src, out, entry[3])
+            _seal(out, entry)
         finally:
             os.close(out)
 
@@ -700,15 +710,16 @@ def _apply(copy: Copy, folders: _Folders, entries, todo: list[int], staging: int
                 os.mkdir(name, 0o700, dir_fd=fd)
         dirs[path] = mode
     for i in todo:
-        path, _kind, mode, _size, sha, _target, mtime = entries[i]
+        path, _kind, mode, _size, sha, _target, _mtime = entries[i]
         with _about(copy.path, path):
-            os.chmod(str(i), mode, dir_fd=staging)
-            os.utime(str(i), ns=(mtime, mtime), dir_fd=staging)
-            st = folders.lstat(path)
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                folders.remove(path)
             fd, name = folders.where(path)
-            os.rename(str(i), name, src_dir_fd=staging, dst_dir_fd=fd)
+            try:
+                os.rename(str(i), name, src_dir_fd=staging, dst_dir_fd=fd)
+            except OSError as err:
+                if err.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                folders.remove(path)   # a folder where the manifest has a file: it goes
+                os.rename(str(i), name, src_dir_fd=staging, dst_dir_fd=fd)
             files[path] = [sha, mode,
                            *_stat_key(os.stat(name, dir_fd=fd, follow_symlinks=False))]
     for path, kind, _mode, _size, _sha, target, _mtime in entries:

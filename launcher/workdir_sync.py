@@ -60,6 +60,23 @@ def _changed(manifest: Manifest, path: str) -> str:
             "run again")
 
 
+class _Reader:
+    """A source file as the node side reads it: a read error or an early end is the file
+    having changed since the scan (the node's own errors stay its own)."""
+
+    def __init__(self, f, manifest: Manifest, path: str):
+        self.f, self.manifest, self.path = f, manifest, path
+
+    def read(self, n: int) -> bytes:
+        try:
+            data = self.f.read(n)
+        except OSError:
+            data = b""
+        if not data:
+            raise WorkdirError(_changed(self.manifest, self.path))
+        return data
+
+
 def ship_local(manifest: Manifest, dest: Path, *, busy: str = "sibling") -> ShipStats:
     """Make `dest` (on this machine, or on a file system the nodes share) hold the manifest's
     tree; `busy`: what to do when a running job uses it and the content differs ("sibling":
@@ -71,10 +88,11 @@ def ship_local(manifest: Manifest, dest: Path, *, busy: str = "sibling") -> Ship
         for sha in missing:
             path, _size = sources[sha]
             try:
-                with _open_source(manifest, path) as f:
-                    receive(sha, f)
-            except (node.ShipError, OSError):
+                source = _open_source(manifest, path)
+            except OSError:
                 raise WorkdirError(_changed(manifest, path)) from None
+            with source:
+                receive(sha, _Reader(source, manifest, path))
 
     try:
         used, sent, nbytes = node.sync(str(dest), node.checked_entries(manifest.wire_entries()),

@@ -84,6 +84,22 @@ def test_what_setup_and_jobs_wrote_stays(project, tmp_path):
     assert launched == expected_tree(manifest)
 
 
+def test_the_manifest_wins_a_name_a_job_took(project, tmp_path):
+    dest = tmp_path / "copy"
+    ship_local(scan_workdir(project), dest)
+    (dest / "results/run1").mkdir(parents=True)   # the job's folders, where the user now
+    (dest / "results/run1/x.txt").write_text("")  # puts a file and a link
+    (dest / "latest/").mkdir()
+    (dest / "cache.bin").write_text("the job's")  # and a folder
+    (project / "results").write_text("now a file")
+    (project / "latest").symlink_to("train.py")
+    (project / "cache.bin").mkdir()
+    (project / "cache.bin/inside.txt").write_text("in")
+    manifest = scan_workdir(project)
+    ship_local(manifest, dest)
+    assert tree_of(dest) == expected_tree(manifest)
+
+
 def test_files_a_job_changed_in_place_are_shipped_again(project, tmp_path):
     dest = tmp_path / "copy"
     manifest = scan_workdir(project)
@@ -149,12 +165,19 @@ def test_a_file_changed_after_the_scan_fails_and_changes_nothing(project, tmp_pa
     (project / "pkg/__init__.py").write_text("VALUE = 2\n")
     with pytest.raises(WorkdirError) as err:
         ship_local(manifest, dest)
-    assert f"{project / 'pkg/__init__.py'} changed after launch scanned" in str(err.value)
+    assert f"shipping workdir {project} to {dest}: pkg/__init__.py changed after launch " \
+           "scanned the folder" in str(err.value)
     assert tree_of(dest) == before
     assert [n for n in os.listdir(dest) if n.startswith(".launch-staging")] == []
+    (project / "pkg/__init__.py").write_text("short")
+    with pytest.raises(WorkdirError) as err:
+        ship_local(manifest, dest)
+    assert str(err.value) == (f"{project / 'pkg/__init__.py'} changed after launch scanned the "
+                              "folder (or vanished): run again")
     (project / "pkg/__init__.py").unlink()
     with pytest.raises(WorkdirError, match="pkg/__init__.py changed after launch scanned"):
         ship_local(manifest, dest)
+    assert tree_of(dest) == before
 
 
 def test_concurrent_ships_leave_every_copy_whole(project, tmp_path):
@@ -289,3 +312,23 @@ def test_the_node_program_runs_on_its_own(project, tmp_path):
         capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
     assert tree_of(tmp_path / "copy") == expected_tree(manifest)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB file system (tmpfs), to fill."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                            str(where)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_disk_is_named_not_a_traceback(project, small_disk):
+    (project / "big.bin").write_bytes(os.urandom(2_000_000))
+    with pytest.raises(WorkdirError) as err:
+        ship_local(scan_workdir(project), small_disk / "copy")
+    assert str(err.value) == (f"shipping workdir {project} to {small_disk / 'copy'}: "
+                              f"{small_disk / 'copy' / 'big.bin'}: No space left on device")
