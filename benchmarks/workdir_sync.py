@@ -11,7 +11,10 @@ Three cases, each to both hosts at once, into the node's copy that the previous 
 
 launch's time is the scan plus the ship on connections already open (launch's preflight
 opens them before it ships); the connection time is shown apart. rsync's time is the whole
-command, its SSH handshake included, as a user types it. Needs root (the lab) and rsync (this
+command, its SSH handshake included, as a user types it. The nodes' copies are written to
+/dev/shm (both tools alike): on the shared disk of the machine this was built on, creating
+the same 5,000 files took anywhere from 0.3 s to 3 s from one minute to the next, which
+drowned the difference between the tools; --on-disk writes them to the disk instead. Needs root (the lab) and rsync (this
 script installs it with apt when missing). Writes benchmarks/results/workdir_sync.json, .txt.
 
     flock /work/cpu.lock .venv/bin/python benchmarks/workdir_sync.py [--repeats 3]
@@ -75,25 +78,29 @@ def build_folder(root: Path, files: int, total: int, seed: int = 0) -> list[Path
     return paths
 
 
-def rsync_both(lab: Lab, hosts, src: Path, dest: str) -> float:
+def rsync_both(lab: Lab, src: Path, dest: str) -> float:
+    """rsync -a to every lab host at once, each into its own folder (the hosts share this
+    machine's files: one folder for both would let the second skip what the first wrote)."""
     ssh = shlex.join(["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
                       "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"])
     started = time.perf_counter()
-    procs = [subprocess.Popen(["rsync", "-a", "-e", ssh, f"{src}/", f"root@{h.address}:{dest}/"],
-                              stdin=subprocess.DEVNULL) for h in hosts]
+    procs = [subprocess.Popen(["rsync", "-a", "-e", ssh, f"{src}/",
+                               f"root@{h.address}:{dest}/{h.name}/"],
+                              stdin=subprocess.DEVNULL) for h in lab.hosts]
     if any(p.wait() != 0 for p in procs):
         raise RuntimeError("rsync failed")
     return time.perf_counter() - started
 
 
-def launch_both(conns, src: Path, dest: str) -> tuple[float, float, list]:
-    """(scan + ship seconds, scan seconds, per-node ShipStats)."""
+def launch_both(nodes, conns, src: Path, dest: str) -> tuple[float, float, list]:
+    """(scan + ship seconds, scan seconds, per-node ShipStats), every node at once."""
     started = time.perf_counter()
     manifest = scan_workdir(src, limit_bytes=1 << 30)
     scanned = time.perf_counter() - started
     with ThreadPoolExecutor(len(conns)) as pool:
-        stats = list(pool.map(lambda c: ship_ssh(c, manifest, f"{dest}/{c.host}",
-                                                 python=sys.executable), conns))
+        stats = list(pool.map(lambda nc: ship_ssh(nc[1], manifest, f"{dest}/{nc[0].name}",
+                                                  python=sys.executable, host=nc[0].name),
+                              zip(nodes, conns)))
     return time.perf_counter() - started, scanned, stats
 
 
@@ -109,6 +116,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--files", type=int, default=FILES)
     parser.add_argument("--mb", type=int, default=TOTAL_BYTES // 10**6)
+    parser.add_argument("--on-disk", action="store_true",
+                        help="the nodes' copies on this machine's disk, not in /dev/shm")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/workdir_sync.json"))
     args = parser.parse_args()
     ensure_rsync()
@@ -121,6 +130,8 @@ def main() -> int:
         src = tmp / "project"
         paths = build_folder(src, args.files, args.mb * 10**6)
         lab = Lab.create(tmp / "lab", 2)
+        copies = Path(tempfile.mkdtemp(prefix="launch-workdir-sync-",
+                                       dir=lab.dir if args.on_disk else "/dev/shm"))
         try:
             nodes = load_inventory(lab.inventory)
             for rep in range(args.repeats):
@@ -129,8 +140,9 @@ def main() -> int:
                 with ThreadPoolExecutor(2) as pool:
                     conns = list(pool.map(lambda n: connect(n, SshOptions()), nodes))
                 connect_s.append(time.perf_counter() - started)
-                dest = str(lab.dir / f"copy{rep}")
-                rsync_dest = str(lab.dir / f"rsync{rep}")
+                dest = str(copies / f"copy{rep}")
+                rsync_dest = str(copies / f"rsync{rep}")
+                os.makedirs(rsync_dest)   # rsync makes only the last folder of its target
                 changed = paths[rep * 7 % len(paths)]
                 try:
                     for case in CASES:
@@ -141,16 +153,22 @@ def main() -> int:
                         # Alternate which goes first: neither always meets a warmer machine.
                         order = ("launch", "rsync") if rep % 2 == 0 else ("rsync", "launch")
                         for variant in order:
+                            # Each starts with the disk quiet: the previous step's dirty pages
+                            # (and the removals between repeats, which ext4 may discard
+                            # lazily) written out first, outside the clock. Without this the
+                            # variant that ran first in a repeat paid for the one before.
+                            os.sync()
                             if variant == "rsync":
                                 samples[case]["rsync"].append(
-                                    rsync_both(lab, lab.hosts, src, rsync_dest))
+                                    rsync_both(lab, src, rsync_dest))
                             else:
-                                total, scanned, stats = launch_both(conns, src, dest)
+                                total, scanned, stats = launch_both(nodes, conns, src, dest)
                                 samples[case]["launch"].append(total)
                                 samples[case]["scan"].append(scanned)
                                 samples[case]["sent"].append(
                                     [s.files_sent for s in stats] + [s.bytes_sent for s in stats])
-                        for where in [Path(dest) / c.host for c in conns] + [Path(rsync_dest)]:
+                        for where in [Path(d) / h.name for d in (dest, rsync_dest)
+                                      for h in lab.hosts]:
                             if count_files(where) != len(paths):
                                 raise RuntimeError(f"{where} holds {count_files(where)} files, "
                                                    f"not {len(paths)}")
@@ -165,6 +183,7 @@ def main() -> int:
                 shutil.rmtree(rsync_dest)
         finally:
             lab.destroy()
+            shutil.rmtree(copies, ignore_errors=True)
 
     rows = []
     for case in CASES:
@@ -177,6 +196,7 @@ def main() -> int:
         row["paired_ratios"] = [round(a / b, 3) for a, b in zip(s["launch"], s["rsync"])]
         rows.append(row)
     load_after = os.getloadavg()
+    where_copies = "on this machine's disk" if args.on_disk else "in /dev/shm (tmpfs)"
     when = datetime.now().astimezone().isoformat(timespec="seconds")
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
@@ -190,8 +210,9 @@ def main() -> int:
                      f"{r['files_sent_per_node'][0]:>15}")
     lines += [
         "",
-        f"{args.files} files, {args.mb} MB, to 2 lab hosts at once; median of "
-        f"{args.repeats} repeats. launch: scan + ship on open connections (opening both "
+        f"{args.files} files, {args.mb} MB, to 2 lab hosts at once, the nodes' copies "
+        f"{where_copies}; median of {args.repeats} repeats. launch: scan + ship on open "
+        "connections (opening both "
         f"took {statistics.median(connect_s):.3f}s more, once per run, for preflight too); "
         "rsync: the whole command, SSH handshake included.",
         f"{when}, {platform.node()}: {os.cpu_count()} cores ({cpu}), load average "
@@ -207,6 +228,7 @@ def main() -> int:
                 "OpenSSH (median of repeats; paired: each repeat's launch/rsync)",
         "date": when, "machine": f"{platform.node()}: {os.cpu_count()} cores ({cpu})",
         "load_average_before": load_before, "load_average_after": load_after,
+        "copies_on": where_copies,
         "connect_s": connect_s, "repeats": args.repeats, "results": rows}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

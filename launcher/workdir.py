@@ -43,22 +43,23 @@ the file server's clock agrees with this machine's to within that margin, as git
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from launcher import gitignore
 from launcher.errors import LauncherError
 from launcher.home import launch_home
-from launcher.workdir_node import link_cycles, reserved, resolve_link
+from launcher.workdir_node import link_cycles, reserved, resolve_link, stat_key
 
 GIT_REASON = "`.git/` is never shipped"
 NODE_COPY_REASON = "launch's bookkeeping in a node's copy"
@@ -122,6 +123,10 @@ class Manifest:
     total_bytes: int = 0
     files: int = 0
     digest: str = field(default="")   # the content's identity: see manifest_digest()
+    # path -> [dev, inode, size, mtime_ns, ctime_ns] when scanned, for the files whose stat
+    # data proves their content (last changed over 2 s before they were read, the hash
+    # cache's rule): a ship that finds a file still so need not hash it again.
+    proven: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -357,9 +362,11 @@ def _hash_file(path: bytes, st: os.stat_result) -> tuple[str, bool]:
         return digest.hexdigest(), False
 
 
-def _hash_or_error(path: bytes, st: os.stat_result) -> tuple[str, bool] | OSError:
+def _hash_or_error(path: bytes, st: os.stat_result) -> tuple[str, bool, int] | OSError:
+    """(sha256, holds a private key, when the reading began) or the error."""
+    began = time.time_ns()
     try:
-        return _hash_file(path, st)
+        return (*_hash_file(path, st), began)
     except OSError as err:
         return err
 
@@ -379,20 +386,20 @@ class _HashCache:
             self.old = {}
         self.new: dict[str, list] = {}
 
-    @staticmethod
-    def _key(st: os.stat_result) -> list[int]:
-        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
     def get(self, path: str, st: os.stat_result) -> tuple[str, bool] | None:
         record = self.old.get(path)
-        if isinstance(record, list) and len(record) == 7 and record[:5] == self._key(st):
+        if isinstance(record, list) and len(record) == 7 and record[:5] == stat_key(st):
             self.new[path] = record
             return record[5], bool(record[6])
         return None
 
-    def put(self, path: str, st: os.stat_result, sha: str, key: bool, hashed_ns: int) -> None:
-        if max(st.st_mtime_ns, st.st_ctime_ns) < hashed_ns - _RACY_NS:
-            self.new[path] = [*self._key(st), sha, key]
+    def put(self, path: str, st: os.stat_result, sha: str, key: bool, read_ns: int) -> bool:
+        """Remember the hash unless the file changed too shortly before it was read; True if
+        remembered (its stat data then proves its content)."""
+        if max(st.st_mtime_ns, st.st_ctime_ns) < read_ns - _RACY_NS:
+            self.new[path] = [*stat_key(st), sha, key]
+            return True
+        return False
 
     def save(self) -> None:
         if self.new == self.old:
@@ -406,15 +413,21 @@ class _HashCache:
             pass   # a cache: the next scan hashes again
 
 
+# SECRET_NAMES as one expression, a named group per reason (a scan asks it of every file).
+_SECRET_RE = re.compile("|".join(
+    f"(?P<g{i}>{'|'.join(fnmatch.translate(p) for p in patterns)})"
+    for i, (patterns, _why) in enumerate(SECRET_NAMES)))
+
+
 def secret_reason(path: str) -> str | None:
     """Why a file's path suggests it holds credentials, or None (SECRET_NAMES)."""
     name = path.rpartition("/")[2].lower()
     if name.endswith(_TEMPLATE_SUFFIXES):
         return None
-    for patterns, why in SECRET_NAMES:
-        if any(fnmatchcase(name, p) for p in patterns):
-            return why
-    if fnmatchcase(name, "id_*") and "." not in name:
+    found = _SECRET_RE.match(name)
+    if found:
+        return SECRET_NAMES[int(found.lastgroup[1:])][1]
+    if name.startswith("id_") and "." not in name:
         return "an SSH private key's name"
     if path.lower().endswith((".docker/config.json", ".kube/config")):
         return "a tool's credentials file"
@@ -499,15 +512,20 @@ def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 10
                              f"the largest files: {_largest(walk.files)}")
 
     cache = _HashCache(root)
+    proven: dict[str, list[int]] = {}
     entries: dict[str, Entry] = {}
     secrets = []
     top = os.fsencode(root)
     known = {path: cache.get(os.fsdecode(path), st) for path, st in walk.files}
     unknown = [(path, st) for path, st in walk.files if known[path] is None]
-    # Hashing releases the GIL: a few threads keep the cores and the disk busy at once.
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        hashed = dict(zip((path for path, _ in unknown), pool.map(
-            lambda f: _hash_or_error(os.path.join(top, f[0]), f[1]), unknown)))
+    # Hashing releases the GIL: a few threads, each with a share of the files, keep the
+    # cores and the disk busy at once.
+    workers = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        shares = pool.map(lambda share: [(path, _hash_or_error(os.path.join(top, path), st))
+                                         for path, st in share],
+                          [unknown[i::workers] for i in range(workers)])
+        hashed = dict(pair for share in shares for pair in share)
     for path, st in walk.files:
         name = os.fsdecode(path)
         found = known[path]
@@ -518,8 +536,11 @@ def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 10
             if isinstance(found, OSError):
                 walk.problems.append((name, f"cannot read it ({found.strerror})"))
                 continue
-            cache.put(name, st, *found, time.time_ns())
-        sha, holds_key = found
+            if cache.put(name, st, *found):
+                proven[name] = stat_key(st)
+        else:
+            proven[name] = stat_key(st)
+        sha, holds_key = found[:2]
         entries[name] = Entry(name, "file", st.st_mode & 0o777, st.st_size, sha,
                               mtime_ns=st.st_mtime_ns)
         why = "holds a private key" if holds_key else secret_reason(name)
@@ -542,4 +563,5 @@ def scan_workdir(root: Path, *, limit_bytes: int = 1 << 30, warn_bytes: int = 10
         excluded=tuple(sorted(walk.excluded, key=lambda x: os.fsencode(x.path))),
         secrets=tuple(sorted(secrets, key=lambda s: os.fsencode(s.path))),
         warnings=tuple(walk.warnings), total_bytes=sum(e.size for e in ordered),
-        files=sum(e.kind == "file" for e in ordered), digest=manifest_digest(ordered))
+        files=sum(e.kind == "file" for e in ordered), digest=manifest_digest(ordered),
+        proven=proven)

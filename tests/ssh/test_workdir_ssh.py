@@ -100,6 +100,7 @@ def test_ships_by_content_to_every_node(lab, nodes, tmp_path):
         assert "same_b.txt" not in got
         assert got["run.sh"][:2] == ("file", "0o755")
         assert got["config"] == ("link", "pkg/data.csv")
+    wait_until_no_ship_runs(lab)   # the node programs end right after their last answer
     assert serving(lab) == []
 
 
@@ -160,8 +161,8 @@ def test_a_dropped_connection_leaves_the_copy_usable(lab, nodes, tmp_path):
     data = json.dumps({"entries": manifest.wire_entries(), "digest": manifest.digest,
                        "busy": "sibling"}).encode()
     channel.sendall(struct.pack(">I", len(data)) + data)
-    channel.sendall((project / ".gitignore").read_bytes()
-                    + (project / "big.bin").read_bytes()[:5_000_000])
+    channel.sendall(b"\0" + (project / ".gitignore").read_bytes()
+                    + b"\0" + (project / "big.bin").read_bytes()[:5_000_000])
     for _ in range(1000):   # until the node writes the half-sent content
         staging = [p for p in dest.glob(".launch-staging-*")] if dest.exists() else []
         if staging and any(f.stat().st_size > 1000 for f in staging[0].iterdir()):

@@ -180,6 +180,22 @@ def test_a_file_changed_after_the_scan_fails_and_changes_nothing(project, tmp_pa
     assert tree_of(dest) == before
 
 
+def test_a_proven_file_changed_after_the_scan_is_caught(project, tmp_path, monkeypatch):
+    """Files last changed long before the scan are sent as proven by their stat data (the
+    node does not hash them again); one changed after the scan no longer is, and fails."""
+    later = time.time_ns() + 10 * 10**9   # as if scanned long after the files were written
+    monkeypatch.setattr("launcher.workdir.time.time_ns", lambda: later)
+    manifest = scan_workdir(project)
+    monkeypatch.undo()
+    assert set(manifest.proven) == {e.path for e in manifest.entries if e.kind == "file"}
+    ship_local(manifest, tmp_path / "ok")
+    assert tree_of(tmp_path / "ok") == expected_tree(manifest)
+    (project / "train.py").write_text(PROJECT["train.py"].upper())   # same size
+    with pytest.raises(WorkdirError, match="train.py changed after launch scanned"):
+        ship_local(manifest, tmp_path / "bad")
+    assert "train.py" not in tree_of(tmp_path / "bad")
+
+
 def test_concurrent_ships_leave_every_copy_whole(project, tmp_path):
     """Eight ships at once, four folder states, one DEST: each returns a folder that held its
     state when it returned, and every copy ends whole (exactly the state its record names)."""
@@ -240,7 +256,7 @@ def test_a_ship_killed_midway_leaves_the_copy_usable(project, tmp_path):
     missing = json.loads(proc.stdout.read(length))["missing"]
     big = next(e for e in manifest.entries if e.path == "big.bin")
     assert missing[0] == big.sha256
-    proc.stdin.write((project / "big.bin").read_bytes()[:1_500_000])
+    proc.stdin.write(b"\0" + (project / "big.bin").read_bytes()[:1_500_000])
     proc.stdin.flush()
     for _ in range(1000):   # until the half content is being written
         staging = [p for p in dest.iterdir() if p.name.startswith(".launch-staging")]
@@ -308,7 +324,8 @@ def test_the_node_program_runs_on_its_own(project, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-I", "-c", Path(node.__file__).read_text(), "serve", "~/copy"],
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, cwd="/",
-        input=_request(manifest) + b"".join((project / e.path).read_bytes() for e in ordered),
+        input=_request(manifest) + b"".join(b"\0" + (project / e.path).read_bytes()
+                                            for e in ordered),
         capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
     assert tree_of(tmp_path / "copy") == expected_tree(manifest)
