@@ -4,11 +4,13 @@ runs) and says how it stays safe; this side sends the manifest and whatever cont
 cannot find on its own. An unchanged folder sends nothing but its manifest, one changed file
 travels alone, a deleted file is removed from the copy.
 
-Over SSH it stays on the node's fabric connection, one exec channel: measured on the SSH lab
-(benchmarks/workdir_sync.py), paramiko's channel moved 200 MB about as fast as an OpenSSH
-`ssh` (both encrypt with OpenSSL), so a second SSH client with its own copy of the
-connection's settings (key, port, known_hosts policy, jump host) would buy nothing. Safe to
-call for many nodes at once from threads: each call has its own channel and shares nothing.
+Over SSH it stays on the node's fabric connection, one exec channel. Measured on the SSH lab
+before choosing: paramiko's channel moved 200 MB to one host in 0.68 s (0.50 s with AES-GCM,
+which launcher/ssh.py now prefers), an OpenSSH `ssh` in 0.57 s handshake included; to two
+hosts at once 0.90 s against 0.93 s. A second SSH client with its own copy of the connection's
+settings (key, port, known_hosts policy, jump host) would buy nothing, and
+benchmarks/workdir_sync.py shows the whole ship within 1.2x of `rsync -a`. Safe to call for
+many nodes at once from threads: each call has its own channel and shares nothing.
 """
 
 from __future__ import annotations

@@ -316,13 +316,31 @@ def test_the_node_refuses_bad_manifests(entries, why):
         node.checked_entries(entries)
 
 
-def test_the_node_program_runs_on_its_own(project, tmp_path):
-    """As on a node: the file's text alone, standard library only, launch not importable."""
+def _interpreters() -> list[str]:
+    """This interpreter, and the other versions launch supports on nodes where installed
+    (on PATH, or pyenv's)."""
+    found = [sys.executable]
+    for version in ("3.10", "3.12"):
+        candidates = [shutil.which(f"python{version}") or ""] + sorted(
+            str(p) for p in Path("~/.pyenv/versions").expanduser().glob(f"{version}.*/bin/"
+                                                                          "python3"))
+        for candidate in candidates:
+            if candidate and subprocess.run([candidate, "-c", "pass"],
+                                            capture_output=True).returncode == 0:
+                found.append(candidate)
+                break
+    return found
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_the_node_program_runs_on_its_own(project, tmp_path, python):
+    """As on a node: the file's text alone, standard library only, launch not importable,
+    with each node interpreter version at hand."""
     manifest = scan_workdir(project)
     contents = {e.sha256: e for e in reversed(manifest.entries) if e.kind == "file"}
     ordered = sorted(contents.values(), key=lambda e: e.path)
     proc = subprocess.run(
-        [sys.executable, "-I", "-c", Path(node.__file__).read_text(), "serve", "~/copy"],
+        [python, "-I", "-c", Path(node.__file__).read_text(), "serve", "~/copy"],
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, cwd="/",
         input=_request(manifest) + b"".join(b"\0" + (project / e.path).read_bytes()
                                             for e in ordered),
