@@ -232,7 +232,11 @@ class SshOptions:
 
 class _NodeConnection(Connection):
     """A Connection whose jump host connection (if any) opens with a timeout and closes with
-    it."""
+    it, and whose transport prefers AES-GCM (_Transport)."""
+
+    def __init__(self, *args, connect_kwargs: dict | None = None, **kwargs):
+        super().__init__(*args, connect_kwargs={"transport_factory": _Transport,
+                                                **(connect_kwargs or {})}, **kwargs)
 
     def open_gateway(self):
         if not isinstance(self.gateway, Connection):
@@ -304,7 +308,7 @@ def connect(node: Node, options: SshOptions) -> Connection:
         gateway = via
     known_hosts = known_hosts_for(node, options.known_hosts)
     kwargs: dict = {"banner_timeout": options.connect_timeout,
-                    "auth_timeout": options.connect_timeout, "transport_factory": _Transport}
+                    "auth_timeout": options.connect_timeout}
     if node.key_file:
         key = Path(node.key_file).expanduser()
         if not key.exists():
