@@ -2,6 +2,8 @@
 
     $LAUNCH_HOME/clusters/<cluster>/   ledger.json, inventory.yml, facts/<host>.json
     $LAUNCH_HOME/setup/<stamp>-*/      one ansible-runner folder per `launch setup`
+    $LAUNCH_HOME/workdir-hashes/       per scanned folder, its files' sha256 by stat data
+                                       (launcher/workdir.py)
 """
 
 from __future__ import annotations

@@ -243,7 +243,11 @@ class SshOptions:
 
 class _NodeConnection(Connection):
     """A Connection whose jump host connection (if any) opens with a timeout and closes with
-    it."""
+    it, and whose transport prefers AES-GCM (_Transport)."""
+
+    def __init__(self, *args, connect_kwargs: dict | None = None, **kwargs):
+        super().__init__(*args, connect_kwargs={"transport_factory": _Transport,
+                                                **(connect_kwargs or {})}, **kwargs)
 
     def open_gateway(self):
         if not isinstance(self.gateway, Connection):
@@ -257,6 +261,17 @@ class _NodeConnection(Connection):
         super().close()
         if isinstance(self.gateway, Connection):
             self.gateway.close()
+
+
+class _Transport(paramiko.Transport):
+    """AES-GCM first, as OpenSSH servers offer it: paramiko moved 200 MB a quarter faster with
+    it than with its default aes128-ctr + hmac-sha2-256 (an AEAD cipher needs no separate MAC
+    pass; measured on the SSH lab for benchmarks/workdir_sync.py). Every cipher paramiko
+    accepts stays on the list, for servers without GCM."""
+
+    _preferred_ciphers = (
+        "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
 
 
 def _hop_node(node: Node, hop: _Hop) -> Node:
