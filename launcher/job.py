@@ -113,7 +113,10 @@ def check_target(job: Job, manifest: Any, source: str) -> None:
         wanted = posixpath.normpath(str(job.target))
         if wanted in shipped:
             return
-        why = next((reason for path, reason in manifest.excluded if path == wanted), None)
+        # An excluded folder is named with a trailing `/`: it leaves out all below it.
+        why = next((e.reason for e in manifest.excluded
+                    if e.path == wanted or (e.path.endswith("/") and wanted.startswith(e.path))),
+                   None)
         raise JobError(f"{source}: job.script {job.target}: "
                        + (f"left out of the shipped workdir ({why}): change that rule"
                           if why else f"no such file in the workdir {manifest.root}"))

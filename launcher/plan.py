@@ -370,9 +370,15 @@ def plan_run(
                 join_timeout=recipe.rendezvous.timeout, log_dir=f"{place.run_dir}/torchrun",
                 max_restarts=recipe.restarts,
             ) + program(place)
+        elif place.workdir:
+            # The command holds the shipped copy it runs in (train/worker.py exec).
+            argv = [place.python, f"{place.code_dir}/train/worker.py", "exec", *job.args]
         else:
             argv = list(job.args)
         env = node_env(recipe, run_id, node, place, nproc)
+        if place.workdir and workdir is not None:
+            # What the copy must hold when the job starts (train/worker.py checks it).
+            env["LAUNCH_WORKDIR_DIGEST"] = workdir.digest
         env.update(node_cluster_env or cluster_env(rank, nodes, rdzv_host, port, node_gpus))
         env["LAUNCH_ATTEMPT"] = str(attempt)
         if job.is_trainer and recipe.checkpoint is not None:

@@ -314,6 +314,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
                     raise HostProblem(node.name, f"the workdir could not be shipped: {err}"
                                       ) from None
                 shipped[name] = stats
+                workdir = stats.dest
             job = job_check(shipment.job, workdir, recipe)
         raw[name] = probe(conn, node, rdzv_port if node is nodes[0] else 0, code, job)
 

@@ -70,7 +70,7 @@ MAX_LINK_HOPS = 40                # as Linux's ELOOP limit
 RACY_NS = 20 * 10**6               # two ticks of the coarsest common kernel clock (HZ=100)
 COARSE_RACY_NS = 2 * 10**9
 RACY_REHASH_BYTES = 16 * 10**6     # hashed again next time rather than waited for
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_SHA = re.compile(r"[0-9a-f]{64}")
 _OPEN_DIRS = 64                   # folder descriptors kept open
 
 
@@ -197,7 +197,7 @@ def checked_entries(raw: object) -> list[tuple[str, str, int, int, str, str, int
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (mode, size, mtime)) \
                 or not 0 <= mode <= 0o777 or size < 0:
             raise ShipError(f"manifest entry {path!r}: bad mode, size or time")
-        if kind == "file" and not (isinstance(sha, str) and _SHA.match(sha)):
+        if kind == "file" and not (isinstance(sha, str) and _SHA.fullmatch(sha)):
             raise ShipError(f"manifest entry {path!r}: bad sha256")
         if kind == "link":
             if not isinstance(target, str) or not target or "\0" in target:
@@ -805,7 +805,7 @@ def serve(dest: str) -> int:
         request = _read_frame(source)
         entries = checked_entries(request.get("entries"))
         digest, busy = request.get("digest"), request.get("busy")
-        if not isinstance(digest, str) or not _SHA.match(digest) or \
+        if not isinstance(digest, str) or not _SHA.fullmatch(digest) or \
                 busy not in ("sibling", "wait"):
             raise ShipError("the request is malformed")
 

@@ -20,6 +20,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,8 @@ from launcher.workdir import Manifest, WorkdirError
 if TYPE_CHECKING:
     from fabric import Connection
 
-NODE_SOURCE = Path(node.__file__).read_text()
+# Sent to the node and run there by its own interpreter (python -c).
+NODE_SOURCE = resources.files("launcher").joinpath("workdir_node.py").read_text()
 CHANNEL_TIMEOUT = 300.0   # seconds one send or receive may stall before the node is given up
 LOCK_NAME = node.LOCK     # in the folder used: a running job holds it shared
 

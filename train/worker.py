@@ -9,7 +9,14 @@ that program with exec (same pid, so launch's probes and py-spy find it as the r
   so that the job's own processes (DataLoader workers, subprocesses) import its code first;
 - the rank dies with its agent (PR_SET_PDEATHSIG): torchrun starts each worker in a session
   of its own, where no process-group signal of launch reaches it;
-- one line naming the rank: the rendezvous has formed (launch's restart accounting reads it).
+- one line naming the rank: the rendezvous has formed (launch's restart accounting reads it);
+- the shipped workdir held (a shared flock on its `.launch-lock`, kept across exec): a later
+  launch with other content ships into a sibling copy instead of changing files under a
+  running job; and checked: the copy still holds what this run shipped (its digest), else the
+  rank stops with a message rather than run another launch's code.
+
+`worker.py exec ARGV...` does only the last part, for a job that brings its own launcher (a
+command), then becomes ARGV.
 
 Imports only the standard library: nodes run it with their own interpreter.
 """
@@ -17,12 +24,40 @@ Imports only the standard library: nodes run it with their own interpreter.
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import json
 import os
 import signal
 import socket
 import sys
 
-USAGE = "usage: worker.py (script PATH | module NAME) [ARGS...]"
+USAGE = "usage: worker.py (script PATH | module NAME | exec ARGV...) [ARGS...]"
+# launcher/workdir_node.py's LOCK and STATE (this file imports nothing of launch's; a test
+# checks that the names agree).
+WORKDIR_LOCK = ".launch-lock"
+WORKDIR_STATE = ".launch-shipped.json"
+
+
+def hold_workdir(env) -> str | None:
+    """Hold the shipped workdir for this process and what it execs (LAUNCH_WORKDIR, shipped
+    with LAUNCH_WORKDIR_DIGEST); why it cannot be used, or None."""
+    workdir, digest = env.get("LAUNCH_WORKDIR"), env.get("LAUNCH_WORKDIR_DIGEST")
+    if not workdir or not digest:
+        return None
+    try:
+        fd = os.open(os.path.join(workdir, WORKDIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        # Blocks only while a ship changes the folder (seconds).
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.set_inheritable(fd, True)
+        with open(os.path.join(workdir, WORKDIR_STATE)) as f:
+            found = json.load(f).get("digest")
+    except (OSError, ValueError, AttributeError) as err:
+        return f"the shipped workdir {workdir} cannot be read: {err}"
+    if found != digest:
+        return (f"the shipped workdir {workdir} no longer holds what this run shipped (another "
+                "launch shipped other content into it after this run did); run again: a "
+                "busy copy sends the new run to a copy of its own")
+    return None
 
 
 def die_with_parent() -> None:
@@ -45,9 +80,19 @@ def _int(name: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("script", "module"):
+    if len(argv) < 2 or argv[0] not in ("script", "module", "exec"):
         print(USAGE, file=sys.stderr)
         return 2
+    problem = hold_workdir(os.environ)
+    if problem:
+        print(f"launch: {problem}", file=sys.stderr, flush=True)
+        return 2
+    if argv[0] == "exec":
+        try:
+            os.execvp(argv[1], argv[1:])
+        except OSError as err:
+            print(f"launch: cannot start {argv[1]}: {err}", file=sys.stderr)
+            return 127
     kind, target, args = argv[0], argv[1], argv[2:]
     env = os.environ
     attempt = _int("LAUNCH_ATTEMPT") + _int("TORCHELASTIC_RESTART_COUNT")

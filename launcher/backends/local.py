@@ -100,7 +100,9 @@ class LocalBackend:
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
              program: Program | None = None, rdzv_port: int | None = None,
              job: Job | None = None, workdir: Any = None, attempt: int = 0,
-             uid: str = "UID") -> RunPlan:
+             uid: str = "UID", shipped_to: str | None = None) -> RunPlan:
+        """`shipped_to`: the copy the workdir went to (a sibling of the usual one when another
+        run held that with other content: launcher/workdir_sync.py)."""
         from launcher.mirror import with_mirror
 
         check_recipe_for_hardware(recipe, self.gpus(nodes))
@@ -109,7 +111,7 @@ class LocalBackend:
         code = str(trainer_code_dir())
         per_node = nodes[0].gpus or 0
         # The local nodes share this machine, so they share one shipped copy of the workdir.
-        shipped = str(local_workdir(job.workdir)) if job.workdir else None
+        shipped = shipped_to or (str(local_workdir(job.workdir)) if job.workdir else None)
         placements = {
             n.name: Placement(
                 python=sys.executable, code_dir=code, run_dir=str(root / n.name), cwd=self.cwd,
@@ -147,16 +149,24 @@ class LocalBackend:
                 raise JobError(f"{recipe.source}: job.module {job.target}: no module or "
                                f"package {str(job.target).split('.')[0]} in the workdir nor "
                                f"in {sys.executable}")
+        shipped = None
+        if workdir is not None:
+            from launcher.workdir_sync import ship_local
+
+            # Before the plan: the copy used decides where the nodes run.
+            shipped = ship_local(workdir, local_workdir(job.workdir))
         folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
                                       resume=options.resume)
         plan = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
                          rdzv_port=rdzv_port, job=job, workdir=workdir,
-                         attempt=folder.attempt_base(), uid=folder.uid or "UID")
+                         attempt=folder.attempt_base(), uid=folder.uid or "UID",
+                         shipped_to=shipped.dest if shipped else None)
         procs = [LocalNodeProcess(cmd, folder.stamp) for cmd in plan.nodes]
         store = LocalNodeProcess(plan.store, folder.stamp, label="store") if plan.store else None
+        prepare = with_restore(prepare_local(plan, workdir, shipped), plan)
         return execute_plan(plan, folder, procs, grace_s=options.grace_s,
                             display=options.display, after=lambda: reap_run(folder.stamp),
-                            store=store, prepare=with_restore(prepare_local(plan, workdir), plan),
+                            store=store, prepare=prepare,
                             services=watcher(plan, lambda cmd: LocalNodeProcess(
                                 cmd, folder.stamp, label="mirror")))
 

@@ -40,10 +40,15 @@ from launcher.slurmctl import (Partition, SlurmError, missing_clients, partition
 MAX_SLURM_NODES = 4096
 
 
-def slurm_workdir(runs: Path, workdir: str) -> Path:
-    """The workdir's shipped copy the nodes share: beside the runs, on the filesystem they see
-    (kept between runs: only what changed ships again, setup's outputs stay)."""
-    return runs / ".workdirs" / workdir_folder_name(workdir)
+def slurm_workdir(runs: Path, workdir: str, digest: str | None) -> Path:
+    """The workdir's shipped copy the nodes share: beside the runs, on the filesystem they see,
+    one per content (`digest`). A job waits in the queue holding nothing, so a copy shared by
+    every version of the project would change under a submitted job when its author edits
+    and submits again; one copy per content never does. Runs of the same content share it
+    (setup runs once; a change of content runs setup again anyway: its key holds the
+    digest)."""
+    folder = runs / ".workdirs" / workdir_folder_name(workdir)
+    return folder / digest[:16] if digest else folder
 
 
 def slurm_settings(recipe_block: Slurm | None, flags: dict[str, Any]) -> Slurm:
@@ -96,8 +101,10 @@ class SlurmBackend:
 
     def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
              program: Program | None = None, rdzv_port: int | None = None,
-             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> SlurmJob:
-        """The batch job, pure: nothing is asked of Slurm (a real run asks it in preflight)."""
+             job: Job | None = None, workdir: Any = None, attempt: int = 0,
+             shipped_to: str | None = None) -> SlurmJob:
+        """The batch job, pure: nothing is asked of Slurm (a real run asks it in preflight).
+        `shipped_to`: the copy the workdir went to (launch ships before it plans)."""
         if recipe.checkpoint is not None and recipe.checkpoint.mirror is not None:
             # The watcher would run beside the job script; not built yet (docs/recovery.md).
             raise RecipeError(recipe.source, "checkpoint.mirror",
@@ -129,7 +136,9 @@ class SlurmBackend:
         place = Placement(python=settings.python, code_dir=f"{run_dir}/code",
                           run_dir=f"{run_dir}/{NODE}", cwd=f"{run_dir}/{NODE}",
                           extra_env={"OMP_NUM_THREADS": OMP_THREADS},
-                          workdir=str(slurm_workdir(runs, job.workdir)) if job.workdir else None,
+                          workdir=shipped_to or (str(slurm_workdir(
+                              runs, job.workdir, workdir.digest if workdir else None))
+                              if job.workdir else None),
                           checkpoint_dir=f"{run_dir}/checkpoints")
         port = rdzv_port or recipe.rendezvous.port
         planned = plan_run(recipe, [template] * len(nodes), run_id, {NODE: place},
@@ -201,13 +210,24 @@ class SlurmBackend:
             nodes = [replace(n, gpus=min(have) if have else 0) for n in nodes]
         # Restarts happen inside the job (its script starts every node again); `--resume` is a
         # new job continuing in the run's folder, its earlier attempt's files moved aside.
+        job = job or default_job(recipe, program)
+        shipped = None
+        if workdir is not None:
+            from launcher.workdir_sync import ship_local
+
+            # Staged once on the shared filesystem, before the plan: the copy used is where
+            # the nodes run (a sibling when a running job changed files in its own).
+            runs = Path(self.cwd, options.runs_dir).resolve()
+            shipped = ship_local(workdir, slurm_workdir(runs, job.workdir, workdir.digest))
         folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
                                       resume=options.resume, also=ATTEMPT_FILES)
         batch = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
                           rdzv_port=rdzv_port, job=job, workdir=workdir,
-                          attempt=folder.attempt_base())
+                          attempt=folder.attempt_base(),
+                          shipped_to=shipped.dest if shipped else None)
         return run_job(batch, folder, options,
-                       recipe.source if Path(recipe.source).is_file() else None, recipe.text)
+                       recipe.source if Path(recipe.source).is_file() else None, recipe.text,
+                       shipped=shipped)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

@@ -35,6 +35,13 @@ def node_workdir(node: Node, local_workdir: str) -> str:
     return posixpath.join(base, "workdirs", workdir_folder_name(local_workdir))
 
 
+def shipped_to(node: Node, local_workdir: str, facts: dict | None) -> str:
+    """The copy the node's ship used (preflight's; a sibling of the usual one when another run
+    held that with other content), else where it would go."""
+    shipped = facts[node.name].shipped if facts else None
+    return shipped.dest if shipped is not None else node_workdir(node, local_workdir)
+
+
 def _on_node(home: str | None, path: str) -> str:
     """A path on the node: absolute once preflight told the login folder, else as the login
     folder sees it (a dry run connects to nothing)."""
@@ -70,7 +77,7 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
             cwd=run_dir, cpus=n.cpus or (facts[n.name].cpus if facts else None),
             # launch_env_file (from `launch setup`); the recipe's env wins.
             extra_env=facts[n.name].env if facts else {},
-            workdir=_on_node(home, node_workdir(n, job.workdir)) if job.workdir else None,
+            workdir=_on_node(home, shipped_to(n, job.workdir, facts)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
     from launcher.mirror import with_mirror
     from launcher.spot import with_spot_watch

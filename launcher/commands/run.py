@@ -150,13 +150,13 @@ def scan(job, limit: int, runs_dir: str):
         return None
     from launcher.workdir import scan_workdir
 
-    manifest = scan_workdir(Path(job.workdir), limit_bytes=limit,
+    manifest = scan_workdir(Path(job.workdir), limit_bytes=limit, limit_hint="--workdir-limit",
                             leave_out={Path(runs_dir).resolve(): "the runs folder (--runs-dir)"})
     for warning in manifest.warnings:
         print(f"launch: warning: workdir: {warning}", file=sys.stderr)
     if manifest.secrets:
         print(f"launch: warning: workdir {job.workdir}: these files look like secrets and "
-              f"will be shipped to every node: {', '.join(manifest.secrets)} (leave them out "
+              f"will be shipped to every node: {', '.join(s.path for s in manifest.secrets)} (leave them out "
               "with a .launchignore line each)", file=sys.stderr)
     return manifest
 

@@ -133,25 +133,19 @@ def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> Non
                                       f"{type(err).__name__}: {err}")
 
 
-def prepare_local(plan: RunPlan, manifest) -> Callable | None:
-    """What a local run does before its job: ship the workdir into this machine's copy, run
-    setup there once. None when there is nothing to do."""
+def prepare_local(plan: RunPlan, manifest, shipped) -> Callable | None:
+    """What a local run does before its job, the workdir shipped into this machine's copy
+    already (`shipped`: launcher/workdir_sync.ShipStats): say so, run setup there once. None
+    when there is nothing to do."""
     job = plan.job
     if manifest is None and not job.setup:
         return None
 
     def prepare(router, notify: Callable[[str], None], folder) -> None:
         head = plan.nodes[0]
-        if manifest is not None:
-            from launcher.workdir_sync import ship_local
-
-            try:
-                stats = ship_local(manifest, Path(str(head.cwd)))
-            except LauncherError as err:
-                raise PrepareFailed(head.name, f"the workdir could not be shipped: {err}"
-                                    ) from None
-            notify(f"workdir {manifest.root}: {stats.files_sent} of {stats.files_total} "
-                   f"file(s) shipped to {head.cwd}")
+        if shipped is not None:
+            notify(f"workdir {manifest.root}: {shipped.files_sent} of {shipped.files_total} "
+                   f"file(s) shipped to {shipped.dest}")
         if job.setup:
             log = SetupLog(folder.node_dir(head.name), head.name, router.line)
             try:

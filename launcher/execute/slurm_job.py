@@ -311,22 +311,20 @@ ATTEMPT_FILES = (SCRIPT_NAME, "slurm.json", JOB_OUT.format(job_id="*"), f"*/{AGE
 
 
 def run_job(job: SlurmJob, folder: RunFolder, options: LaunchOptions,
-            recipe_file: str | None, recipe_text: str | None = None) -> dict[str, Any]:
-    """Stage the workdir once on the shared filesystem, submit, follow the job to its end;
-    the summary, or RunFailed (logs kept) / SlurmError (exit 2: the job could not run at
-    all)."""
+            recipe_file: str | None, recipe_text: str | None = None, *,
+            shipped: Any = None) -> dict[str, Any]:
+    """Submit, follow the job to its end (the workdir staged already: `shipped`, a
+    launcher/workdir_sync.ShipStats); the summary, or RunFailed (logs kept) / SlurmError
+    (exit 2: the job could not run at all)."""
     display = options.display or make_display()
     note = shared_filesystem_note(folder.root)
     if note:
         display.message(f"note: {note}")
     folder.write_json("code.json", snapshot_code(trainer_code_dir(), folder.root / "code"))
     folder.keep_recipe(recipe_file or "", recipe_text)
-    if job.workdir is not None:
-        from launcher.workdir_sync import ship_local
-
-        stats = ship_local(job.workdir, Path(str(job.node.cwd)))
-        display.message(f"workdir {job.workdir.root}: {stats.files_sent} of "
-                        f"{stats.files_total} file(s) shipped to {job.node.cwd}, which every "
+    if shipped is not None:
+        display.message(f"workdir {job.workdir.root}: {shipped.files_sent} of "
+                        f"{shipped.files_total} file(s) shipped to {shipped.dest}, which every "
                         "node reads")
     (folder.root / SCRIPT_NAME).write_text(job.script())
     slurm_doc: dict[str, Any] = {"sbatch": job.sbatch_argv(), "script": SCRIPT_NAME}

@@ -30,7 +30,8 @@ from train.model import TinyModel, PACKAGE
 
 mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
-env = {k: v for k, v in os.environ.items() if k.startswith("LAUNCH_") and k != "LAUNCH_RUN_STAMP"}
+env = {k: v for k, v in os.environ.items()
+       if (k.startswith("LAUNCH_") or k == "PYTHONPATH") and k != "LAUNCH_RUN_STAMP"}
 attempt = int(os.environ["LAUNCH_ATTEMPT"])
 
 if mode == "flood":
@@ -122,7 +123,7 @@ class TinyModel(torch.nn.Module):
         return self.linear(x)
 '''
 
-SETUP = "echo \"setup on $LAUNCH_NODE\" > setup-ran.txt"
+SETUP = "echo \"setup on $LAUNCH_NODE\" | tee setup-ran.txt"
 
 
 def write_project(root: Path) -> Path:

@@ -6,6 +6,7 @@ namespace): the project staged once on the shared filesystem, setup, restarts in
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -81,7 +82,8 @@ def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_
     assert "resumed from step 3 in attempt 1" in proc.stdout
     # No torchrun of launch's and no rendezvous store: the command brought its own.
     script = (project / "runs" / "cmd" / "job.sbatch").read_text()
-    assert "rdzv_store.py" not in script and "train/worker.py" not in script
+    assert "rdzv_store.py" not in script
+    assert re.search(r"train/worker\.py \\\n\s*exec \\\n\s*bash -c", script)
     assert job_processes(slurm_lab) == {}
 
 
