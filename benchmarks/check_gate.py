@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.lab import Lab  # noqa: E402
-from launcher.table import format_table  # noqa: E402
+from launcher.core.table import format_table  # noqa: E402
+from launcher.lab.hosts import Lab  # noqa: E402
 
 
 def launch(args: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:

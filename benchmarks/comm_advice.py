@@ -4,7 +4,7 @@ ddp.comm_hook: auto and ddp.bucket_cap_mb: auto), on two kinds of link:
 
     local    `launch run --local --nodes 2`: two torchrun nodes on this machine, gloo over
              loopback (the demo; its recipe says loopback is not the bottleneck)
-    capped   `launch run -i` on a 2-host lab (SSH hosts in network namespaces, launcher/lab.py)
+    capped   `launch run -i` on a 2-host lab (SSH hosts in network namespaces, launcher/lab/hosts.py)
              whose links tc caps at --cap each way: TCP between hosts that holds steps back
 
 Each repeat runs the two variants back to back (a pair: whatever the shared machine is doing
@@ -93,7 +93,7 @@ def one_run(variant: str, where: list[str], work: Path, run_id: str) -> dict:
 def run_pairs(regime: str, repeat: int, cap: str, work: Path) -> list[dict]:
     lab = None
     if regime == "capped":
-        from launcher.lab import Lab
+        from launcher.lab.hosts import Lab
 
         lab = Lab.create(work / "lab", 2)
         for host in lab.hosts:

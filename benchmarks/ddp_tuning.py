@@ -12,7 +12,7 @@ Every variant sees the same seed and the same samples. Reported per variant: ima
 (median over steps after warm-up), step time, bytes sent per step per host (from the host's
 interface counters, read by the trainer), held-out accuracy, and the compute /
 communication split measured in the trainer (train/commtime.py). The table is `launch
-compare`'s (launcher/compare.py) of each regime's run folders, ratios against `default`.
+compare`'s (launcher/report/compare.py) of each regime's run folders, ratios against `default`.
 
 Needs root. Prints a table, writes benchmarks/results/ddp_tuning.json and ddp_tuning.png.
 
@@ -33,14 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.backends import LaunchOptions  # noqa: E402
-from launcher.backends.ssh import SshBackend  # noqa: E402
-from launcher.compare import load_comparison, render_text  # noqa: E402
-from launcher.display import PlainDisplay  # noqa: E402
-from launcher.errors import RunFailed  # noqa: E402
-from launcher.inventory import load_inventory  # noqa: E402
-from launcher.lab import Lab  # noqa: E402
-from launcher.recipe import recipe_from_mapping  # noqa: E402
-from launcher.ssh import SshOptions  # noqa: E402
+from launcher.backends.ssh.backend import SshBackend  # noqa: E402
+from launcher.cluster.inventory import load_inventory  # noqa: E402
+from launcher.cluster.ssh import SshOptions  # noqa: E402
+from launcher.core.errors import RunFailed  # noqa: E402
+from launcher.job.recipe import recipe_from_mapping  # noqa: E402
+from launcher.lab.hosts import Lab  # noqa: E402
+from launcher.report.compare import load_comparison, render_text  # noqa: E402
+from launcher.report.display import PlainDisplay  # noqa: E402
 
 TUNED = {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": 5}
 VARIANTS = {

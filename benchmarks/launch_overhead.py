@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.backends import LaunchOptions  # noqa: E402
-from launcher.backends.ssh import SshBackend, plan_inventory  # noqa: E402
-from launcher.display import PlainDisplay  # noqa: E402
-from launcher.inventory import load_inventory  # noqa: E402
-from launcher.lab import Lab  # noqa: E402
-from launcher.recipe import recipe_from_mapping  # noqa: E402
-from launcher.ssh import SshOptions  # noqa: E402
+from launcher.backends.ssh.backend import SshBackend, plan_inventory  # noqa: E402
+from launcher.cluster.inventory import load_inventory  # noqa: E402
+from launcher.cluster.ssh import SshOptions  # noqa: E402
+from launcher.job.recipe import recipe_from_mapping  # noqa: E402
+from launcher.lab.hosts import Lab  # noqa: E402
+from launcher.report.display import PlainDisplay  # noqa: E402
 
 PASSED = re.compile(r"rendezvous-passed rank=(\d+) world=(\d+) t=([0-9.]+)")
 
@@ -184,7 +184,7 @@ def time_launch_slurm(lab, nodes: int, run_id: str, runs_dir: Path,
                       port: int) -> tuple[float, float]:
     """(seconds to every rank past rendezvous, seconds launch took before the job was
     submitted: preflight, run folder, code copy, sbatch)."""
-    from launcher.backends.slurm import SlurmBackend
+    from launcher.backends.slurm.backend import SlurmBackend
 
     quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
     backend = SlurmBackend({"python": sys.executable}, cwd=str(runs_dir.parent))
@@ -216,7 +216,7 @@ def time_hand_sbatch(lab, nodes: int, run_id: str, runs_dir: Path, port: int) ->
 def slurm_main(nodes: int, repeats: int) -> int:
     import platform
 
-    from launcher.slurm_lab import SlurmLab
+    from launcher.lab.slurm import SlurmLab
 
     launch_s, hand_s, submit_s = [], [], []
     with tempfile.TemporaryDirectory(prefix="launch-overhead-slurm-") as tmp:

@@ -64,14 +64,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.backends import LaunchOptions  # noqa: E402
-from launcher.backends.base import Recover  # noqa: E402
-from launcher.backends.ssh import SshBackend  # noqa: E402
-from launcher.display import PlainDisplay  # noqa: E402
-from launcher.errors import RunFailed  # noqa: E402
-from launcher.inventory import load_inventory  # noqa: E402
-from launcher.lab import Lab  # noqa: E402
-from launcher.recipe import recipe_from_mapping  # noqa: E402
-from launcher.ssh import SshOptions  # noqa: E402
+from launcher.backends.ssh.backend import SshBackend  # noqa: E402
+from launcher.cluster.inventory import load_inventory  # noqa: E402
+from launcher.cluster.ssh import SshOptions  # noqa: E402
+from launcher.core.errors import RunFailed  # noqa: E402
+from launcher.execute.backend import Recover  # noqa: E402
+from launcher.job.recipe import recipe_from_mapping  # noqa: E402
+from launcher.lab.hosts import Lab  # noqa: E402
+from launcher.report.display import PlainDisplay  # noqa: E402
 from train.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
 
 
@@ -121,7 +121,7 @@ def killer(lab: Lab, run_id: str, kill_at: int, out: dict) -> threading.Thread:
     def watch():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            # The node's folder is named by the run's uid (launcher/backends/ssh.py).
+            # The node's folder is named by the run's uid (launcher/backends/ssh/backend.py).
             found = sorted((lab.dir / "node-runs").glob(f"{run_id}.*/host1"))
             record = read_heartbeat(heartbeat_path(found[0], 0)) if found else None
             if record and record.get("phase") == "train" and record["step"] >= kill_at:

@@ -34,8 +34,8 @@ RUNS = REPO / "tests/report/data/runs"
 PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
-from launcher.report import REPORT_JSON, REPORT_MD, build_report, render_markdown
-from launcher.report_html import write_report_html
+from launcher.report.build import REPORT_JSON, REPORT_MD, build_report, render_markdown
+from launcher.report.html import write_report_html
 from pathlib import Path
 run_dir = Path(sys.argv[1])
 report = build_report(run_dir)

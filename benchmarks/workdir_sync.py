@@ -1,5 +1,5 @@
 """Shipping a workdir to the nodes: launch (scan by content + ship over the nodes' open fabric
-connections, launcher/workdir_sync.py) against `rsync -a` over OpenSSH, on a 2-host SSH lab,
+connections, launcher/workdir/sync.py) against `rsync -a` over OpenSSH, on a 2-host SSH lab,
 for a 200 MB folder of 5,000 files (random bytes, sizes spread like a code folder with some
 data: many small files, a few large ones).
 
@@ -41,11 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.inventory import load_inventory  # noqa: E402
-from launcher.lab import Lab  # noqa: E402
-from launcher.ssh import SshOptions, connect  # noqa: E402
-from launcher.workdir import scan_workdir  # noqa: E402
-from launcher.workdir_sync import ship_ssh  # noqa: E402
+from launcher.cluster.inventory import load_inventory  # noqa: E402
+from launcher.cluster.ssh import SshOptions, connect  # noqa: E402
+from launcher.lab.hosts import Lab  # noqa: E402
+from launcher.workdir.scan import scan_workdir  # noqa: E402
+from launcher.workdir.sync import ship_ssh  # noqa: E402
 
 TOTAL_BYTES = 200 * 10**6
 FILES = 5000

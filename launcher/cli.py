@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from launcher import __version__
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 
 COMMANDS = [
     "run",

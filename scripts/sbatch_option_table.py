@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Print sbatch's getopt_long option table from Slurm's source, as launcher/sbatch_table.py.
+"""Print sbatch's getopt_long option table from Slurm's source, as launcher/job/sbatch_table.py.
 
-    python3 scripts/sbatch_option_table.py SLURM_SOURCE_DIR > launcher/sbatch_table.py
+    python3 scripts/sbatch_option_table.py SLURM_SOURCE_DIR > launcher/job/sbatch_table.py
 
 sbatch builds its table at run time (slurm_option_table_create, src/common/slurm_opt.c): every
 entry of `common_options[]` that has a `set_func` or a `set_func_sbatch` becomes a long option

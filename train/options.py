@@ -2,8 +2,8 @@
 
 Each option names the recipe key it comes from, its type, default, bounds and help. From this
 one table:
-- launcher/recipe.py takes the defaults and bounds of the recipe's `train:` and `ddp:` keys,
-- launcher/plan.py turns a recipe into the trainer's argv (`argv_for`),
+- launcher/job/recipe.py takes the defaults and bounds of the recipe's `train:` and `ddp:` keys,
+- launcher/job/runplan.py turns a recipe into the trainer's argv (`argv_for`),
 - train/main.py builds its argument parser (`add_options`),
 so recipe defaults and trainer defaults agree by construction (they once drifted: image_size
 224 in recipes vs 32 in the trainer). Imports nothing but the standard library: launch loads it
@@ -46,7 +46,7 @@ AUTO_MEASURE_STEPS = AUTO_SKIP_STEPS + AUTO_MIN_SAMPLES
 SHORT_FLAG_SECTIONS = ("train", "ddp")
 # A straggler: a rank whose busy time per step is above THRESHOLD x the median rank's for
 # INTERVALS intervals in a row. The trainer judges its own ranks (train/stragglers.py); launch
-# judges a user's job from its LAUNCH_STEP lines (launcher/progress.py) with the same rule.
+# judges a user's job from its LAUNCH_STEP lines (launcher/runs/progress.py) with the same rule.
 STRAGGLER_THRESHOLD = 1.25
 STRAGGLER_INTERVALS = 3
 

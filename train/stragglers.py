@@ -12,7 +12,7 @@ step, the same definition as the run's step_split). Each interval's rows also go
 metrics.jsonl record (`ranks`: the report page draws every rank's split over the run), and on a
 run of several nodes rank 0 prints one `per node at step N:` line per interval: each node's step
 time, communication share, loss and straggler flag, which launch's terminal view keeps in place
-(launcher/live.py reads it). Imports nothing from launcher/.
+(launcher/report/live.py reads it). Imports nothing from launcher/.
 """
 
 from __future__ import annotations

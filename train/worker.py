@@ -32,7 +32,7 @@ import socket
 import sys
 
 USAGE = "usage: worker.py (script PATH | module NAME | exec ARGV...) [ARGS...]"
-# launcher/workdir_node.py's LOCK and STATE (this file imports nothing of launch's; a test
+# launcher/workdir/node.py's LOCK and STATE (this file imports nothing of launch's; a test
 # checks that the names agree).
 WORKDIR_LOCK = ".launch-lock"
 WORKDIR_STATE = ".launch-shipped.json"

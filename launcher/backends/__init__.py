@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.backends.base import Backend, GroupResult, LaunchOptions, NodeResult, print_plan
-from launcher.backends.slurm_flags import SLURM_FLAGS
-from launcher.errors import LauncherError
-from launcher.ssh import SshOptions
+from launcher.backends.slurm.flags import SLURM_FLAGS
+from launcher.cluster.ssh import SshOptions
+from launcher.core.errors import LauncherError
+from launcher.execute.backend import (Backend, GroupResult, LaunchOptions, NodeResult, Recover,
+                                      print_plan)
 
-__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "SshOptions", "Where",
-           "backend_for", "print_plan"]
+__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "Recover", "SshOptions",
+           "Where", "backend_for", "print_plan"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def backend_for(where: Where, local_count: int, say: Callable[[str], None] = _st
     this machine, and `say` tells so in one line (on stderr, so that --json output stays
     clean) unless `local` asked for it; `local_count` is the number of nodes it announces."""
     if where.slurm:
-        from launcher.backends.slurm import SlurmBackend
+        from launcher.backends.slurm.backend import SlurmBackend
 
         if where.limit:
             raise LauncherError("--limit selects hosts of an inventory; with --slurm, Slurm "
@@ -58,16 +59,16 @@ def backend_for(where: Where, local_count: int, say: Callable[[str], None] = _st
         raise LauncherError(f"{', '.join(given)}: Slurm options go with --slurm")
     inventory = where.inventory
     if where.cluster:
-        from launcher.home import inventory_for
+        from launcher.core.home import inventory_for
 
         inventory = str(inventory_for(where.cluster))
     if inventory:
-        from launcher.backends.ssh import SshBackend
+        from launcher.backends.ssh.backend import SshBackend
 
         return SshBackend(inventory, where.ssh, limit=where.limit)
     if where.limit:
         raise LauncherError("--limit selects hosts of an inventory: give it with -i or --cluster")
-    from launcher.backends.local import LocalBackend
+    from launcher.backends.local.backend import LocalBackend
 
     backend = LocalBackend()
     if not where.local:

@@ -1,4 +1,4 @@
-"""A node's probe answer (launcher/check/node_probe.py) judged: one Check per column of the table,
+"""A node's probe answer (launcher/check/ask_node.py) judged: one Check per column of the table,
 each `ok | warn | fail | skipped` with the evidence line a person needs to act.
 
 Pure: facts in, checks out. What each node is expected to have comes from the inventory (gpus,
@@ -13,11 +13,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from launcher.catalog import NVSWITCH, PARTIAL_NVLINK
-from launcher.check.links import parse_fi_info, parse_nvlink_status
+from launcher.check.fabric import parse_fi_info, parse_nvlink_status
 from launcher.check.nvsmi import SmiParseError, SmiReport, parse_xml
 from launcher.check.xid import parse_kernel_log, summarize
-from launcher.inventory import Node
+from launcher.cluster.catalog import NVSWITCH, PARTIAL_NVLINK
+from launcher.cluster.inventory import Node
 from launcher.nccl.links import facts as catalog_facts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skipped"

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 
 
 class SmiParseError(LauncherError):

@@ -1,4 +1,4 @@
-"""Run launcher/check/node_probe.py on every node through the backend (one round trip each, all
+"""Run launcher/check/ask_node.py on every node through the backend (one round trip each, all
 at once) and judge the answers into the host x check table's rows."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 
-from launcher.backends.base import Backend, NodeResult, in_parallel
 from launcher.check import health
 from launcher.check.health import Check, expectation
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
+from launcher.execute.backend import Backend, NodeResult, in_parallel
 
 # The script's text, sent as `python -c`: the node needs nothing of launch installed.
-PROBE_SOURCE = resources.files("launcher.check") / "node_probe.py"
+PROBE_SOURCE = resources.files("launcher.check") / "ask_node.py"
 MARK = "LAUNCH-CHECK "
 # Every tool in the probe has 20 s; torch's import a few more. A node that takes longer is
 # reported unreachable rather than holding the table back.

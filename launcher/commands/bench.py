@@ -10,18 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends import LaunchOptions, backend_for, print_plan
-from launcher.commands.where import add_where_arguments, where_from_args
+from launcher.cluster.inventory import Node
 from launcher.commands.common import grace_seconds
-from launcher.errors import LauncherError, RunFailed
-from launcher.inventory import Node
-from launcher.nccl import bench
+from launcher.commands.where import add_where_arguments, where_from_args
+from launcher.core.errors import LauncherError, RunFailed
+from launcher.job.recipe import Recipe, recipe_from_mapping
+from launcher.nccl import sweep
 from launcher.nccl.compare import bench_verdict
 from launcher.nccl.links import facts, link_peak
 from launcher.nccl.nccl_tests import parse_nccl_tests
 from launcher.nccl.plot import plot_bandwidth
-from launcher.report import write_run_report
-from launcher.recipe import Recipe, recipe_from_mapping
-from launcher.runfolder import RunFolder, check_run_id, new_run_id
+from launcher.report.build import write_run_report
+from launcher.runs.folder import RunFolder, check_run_id, new_run_id
 
 HELP = """\
 Measures the bus bandwidth of one collective across the nodes, the way nccl-tests does: for each
@@ -54,20 +54,20 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=int,
                    help="number of nodes (default: 2 on this machine, every host with -i)")
     add_where_arguments(p)
-    p.add_argument("--op", choices=bench.OPS, default="all_reduce")
-    p.add_argument("--min-bytes", default=str(bench.DEFAULT_MIN_BYTES),
+    p.add_argument("--op", choices=sweep.OPS, default="all_reduce")
+    p.add_argument("--min-bytes", default=str(sweep.DEFAULT_MIN_BYTES),
                    help="smallest size: 8, 1K, 64M, 1G (default 8)")
     p.add_argument("--max-bytes", help="largest size (default: 1G with GPUs, 64M on CPU)")
-    p.add_argument("--dtype", choices=bench.DTYPES, default="float")
-    p.add_argument("--warmup-iters", type=int, default=bench.WARMUP_ITERS)
-    p.add_argument("--iters", type=int, default=bench.ITERS, help="timed iterations per size")
+    p.add_argument("--dtype", choices=sweep.DTYPES, default="float")
+    p.add_argument("--warmup-iters", type=int, default=sweep.WARMUP_ITERS)
+    p.add_argument("--iters", type=int, default=sweep.ITERS, help="timed iterations per size")
     p.add_argument("--instance-type",
                    help="the nodes' instance type, for the peak line (default with -i: the "
                         "inventory's instance_type)")
     p.add_argument("--nccl-tests", action="store_true",
                    help="run the nccl-tests binary instead of the torch.distributed sweep")
-    p.add_argument("--nccl-tests-dir", default=bench.NCCL_TESTS_DIR,
-                   help=f"where <op>_perf is (default {bench.NCCL_TESTS_DIR})")
+    p.add_argument("--nccl-tests-dir", default=sweep.NCCL_TESTS_DIR,
+                   help=f"where <op>_perf is (default {sweep.NCCL_TESTS_DIR})")
     p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.add_argument("--run-id", help="name of the run folder (default bench-<op>-<time>-<hex>)")
@@ -88,10 +88,10 @@ def bench_recipe(count: int, local: bool) -> Recipe:
 def _sizes(args, gpus_per_node: Callable[[], list[int]]) -> tuple[int, int]:
     """--min/--max-bytes; the GPU count (torch import, SSH facts) only when --max-bytes is
     not given, so that a wrong size is reported at once."""
-    low = bench.parse_size(args.min_bytes, "--min-bytes")
-    high = (bench.parse_size(args.max_bytes, "--max-bytes") if args.max_bytes
-            else bench.default_max_bytes(gpus_per_node()))
-    bench.sweep_sizes(low, high)  # refuses min > max before anything starts
+    low = sweep.parse_size(args.min_bytes, "--min-bytes")
+    high = (sweep.parse_size(args.max_bytes, "--max-bytes") if args.max_bytes
+            else sweep.default_max_bytes(gpus_per_node()))
+    sweep.sweep_sizes(low, high)  # refuses min > max before anything starts
     return low, high
 
 
@@ -136,7 +136,7 @@ def _gpus(node: Node) -> int:
 def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
     """train/bench.py on every node through the backend's launch path, as `launch run`."""
     low, high = _sizes(args, lambda: backend.gpus(nodes))
-    program = bench.bench_program(args.op, bench.sweep_sizes(low, high), args.dtype,
+    program = sweep.bench_program(args.op, sweep.sweep_sizes(low, high), args.dtype,
                                   args.warmup_iters, args.iters)
     recipe = bench_recipe(len(nodes), local=backend.kind == "local")
     if args.dry_run:
@@ -155,20 +155,20 @@ def bench_before_run(backend, nodes: list[Node], run_id: str, runs_dir: str,
                      grace: float) -> int:
     """`launch run --bench`: the default all-reduce sweep on the run's nodes, in a run folder
     of its own beside the run's (RUN_ID-bench), whose bandwidth.json the run's report quotes."""
-    args = argparse.Namespace(op="all_reduce", min_bytes=str(bench.DEFAULT_MIN_BYTES),
-                              max_bytes=None, dtype="float", warmup_iters=bench.WARMUP_ITERS,
-                              iters=bench.ITERS, instance_type=None, runs_dir=runs_dir,
+    args = argparse.Namespace(op="all_reduce", min_bytes=str(sweep.DEFAULT_MIN_BYTES),
+                              max_bytes=None, dtype="float", warmup_iters=sweep.WARMUP_ITERS,
+                              iters=sweep.ITERS, instance_type=None, runs_dir=runs_dir,
                               grace=grace, dry_run=False, json=False)
     return bench_sweep(args, backend, nodes, check_run_id(f"{run_id[:120]}-bench"))
 
 
 def finish_sweep(run_dir: Path, names: list[str], nproc: int, instance_type: str | None) -> int:
     """The sweep's results (rank 0's node folder) as nccl-tests' table, then `finish`."""
-    results = bench.load_results(bench.find_results(run_dir, names))
+    results = sweep.load_results(sweep.find_results(run_dir, names))
     comment = (f"launch bench: torch.distributed {results['op']}, backend "
                f"{results['backend']}, {len(names)} node(s) x {nproc} rank(s), torch "
                f"{results.get('torch')}")
-    return finish(run_dir, bench.results_table(results, comment),
+    return finish(run_dir, sweep.results_table(results, comment),
                   source="launch bench (torch.distributed)", backend=results["backend"],
                   dtype=results["dtype"], nnodes=len(names), instance_type=instance_type)
 
@@ -182,7 +182,7 @@ def finish(run_dir: Path, text: str, *, source: str, backend: str | None, dtype:
     table_path.write_text(text)
     run = parse_nccl_tests(text, str(table_path))
     peak = link_peak(instance_type, nnodes)
-    doc = bench.bandwidth_document(run, source=source, run_id=run_dir.name, nnodes=nnodes,
+    doc = sweep.bandwidth_document(run, source=source, run_id=run_dir.name, nnodes=nnodes,
                                    instance_type=instance_type, peak=peak, backend=backend,
                                    dtype=dtype)
     RunFolder(run_dir).write_json("bandwidth.json", doc)
@@ -223,18 +223,18 @@ def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
     head = nodes[0]
     gpus = max(1, backend.gpus([head])[0])
     low, high = _sizes(args, lambda: backend.gpus(nodes))
-    test = bench.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
+    test = sweep.nccl_tests_argv(binary, min_bytes=low, max_bytes=high, dtype=args.dtype,
                                  warmup_iters=args.warmup_iters, iters=args.iters, gpus=gpus)
     # The head's /etc/launch/nccl.env (EFA nodes): NCCL_*, FI_* and LD_LIBRARY_PATH for every
     # rank, and it says which Open MPI the node has. A dry run connects to nothing.
     node_env = {}
     if len(nodes) > 1 and not args.dry_run:
         found = backend.run_on_all([head], ["cat", head.env_file], timeout=60)[head.name]
-        node_env = bench.parse_env_text(found.stdout) if found.ok else {}
+        node_env = sweep.parse_env_text(found.stdout) if found.ok else {}
     hostfile = f"/tmp/launch-{run_id}.hostfile"
-    argv = test if len(nodes) == 1 else bench.with_hostfile(
-        bench.hostfile_text([n.private_address for n in nodes], gpus), hostfile,
-        bench.mpirun_argv(bench.mpi_prefix(node_env), hostfile, len(nodes), gpus,
+    argv = test if len(nodes) == 1 else sweep.with_hostfile(
+        sweep.hostfile_text([n.private_address for n in nodes], gpus), hostfile,
+        sweep.mpirun_argv(sweep.mpi_prefix(node_env), hostfile, len(nodes), gpus,
                           {"NCCL_DEBUG": "INFO", **node_env}, test))
     where = "this machine" if backend.kind == "local" else f"{head.name} ({head.address})"
     if args.dry_run:
@@ -244,7 +244,7 @@ def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
         print(json.dumps({"run_id": run_id, "node": head.name, "argv": argv}) if args.json
               else f"run {run_id}: nccl-tests on {where}\n  {shlex.join(argv)}{note}")
         return 0
-    needed = [binary] + ([f"{bench.mpi_prefix(node_env)}/bin/mpirun"] if len(nodes) > 1 else [])
+    needed = [binary] + ([f"{sweep.mpi_prefix(node_env)}/bin/mpirun"] if len(nodes) > 1 else [])
     missing = backend.run_on_all([head], ["sh", "-c", _FIRST_MISSING, "launch-check", *needed],
                                  timeout=60)[head.name]
     if missing.error is not None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from launcher import catalog
-from launcher.catalog import InstanceFacts
+from launcher.cluster import catalog
+from launcher.cluster.catalog import InstanceFacts
 from launcher.commands.common import aws_command
-from launcher.table import format_table
+from launcher.core.table import format_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

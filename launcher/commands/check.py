@@ -9,15 +9,15 @@ import os
 import sys
 
 from launcher.backends import backend_for, print_plan
-from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.check import health
 from launcher.check.health import GIB
 from launcher.check.probe import PROBE_TIMEOUT_S, check_nodes
-from launcher.check.table import render, summary, to_json
+from launcher.check.verdict_table import render, summary, to_json
+from launcher.cluster.inventory import Node
 from launcher.commands.common import port_number, where_nodes
-from launcher.errors import LauncherError
-from launcher.inventory import Node
-from launcher.runfolder import check_run_id, new_run_id
+from launcher.commands.where import add_where_arguments, where_from_args
+from launcher.core.errors import LauncherError
+from launcher.runs.folder import check_run_id, new_run_id
 
 # Bounds that keep the numbers finite (inf and nan parse as floats): a petabyte of free disk,
 # a bus bandwidth far beyond any link.
@@ -109,7 +109,7 @@ def main(args) -> int:
     table = [(row.node.name, row.checks) for row in rows]
     gate = None
     if args.collective:
-        from launcher.check.gate import run_gate
+        from launcher.check.collective_gate import run_gate
 
         gate_nodes = _gate_nodes(args, backend)
         reachable = {row.node.name for row in rows if "reach" not in row.failed}
@@ -156,7 +156,7 @@ def dry_run(args, backend, nodes: list[Node]) -> int:
     """What a real check would do: the probe on each node, then the gate job's plan."""
     gate = None
     if args.collective:
-        from launcher.check.gate import plan_gate
+        from launcher.check.collective_gate import plan_gate
 
         gate_nodes = _gate_nodes(args, backend)
         if _gate_runs(backend, gate_nodes):
@@ -168,7 +168,7 @@ def dry_run(args, backend, nodes: list[Node]) -> int:
                                     "timeout_s": PROBE_TIMEOUT_S},
                           "gate": json.loads(gate.dumps()) if gate else None}, indent=2))
         return 0
-    print(f"launch check: would run launcher/check/node_probe.py with each node's python on "
+    print(f"launch check: would run launcher/check/ask_node.py with each node's python on "
           f"{where_nodes(backend, nodes)}, at most {PROBE_TIMEOUT_S:g} s each")
     if gate is not None:
         print("then, with the nodes that answer, the collective gate:")

@@ -32,11 +32,11 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from launcher.compare import load_comparison, render_text, to_json
+    from launcher.report.compare import load_comparison, render_text, to_json
 
     comparison = load_comparison([find_run_dir(r, args.runs_dir) for r in args.runs])
     if args.html:
-        from launcher.compare_html import write_compare_html
+        from launcher.report.compare_html import write_compare_html
 
         path = write_compare_html(comparison, Path(args.html))
     print(json.dumps(to_json(comparison), indent=2) if args.json else render_text(comparison),

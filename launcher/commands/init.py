@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from launcher import bundled
-from launcher.errors import LauncherError
+from launcher.core import bundled
+from launcher.core.errors import LauncherError
 
 RECIPE_FILE = "recipe.yml"
 INVENTORY_FILE = "inventory.yml"
@@ -78,7 +78,7 @@ def job_recipe_text(args: argparse.Namespace, folder: Path, name: str) -> str:
     """JOB_RECIPE for --script/-m: the workdir is the current folder, as seen from DIR."""
     key, target = ("script", args.script) if args.script else ("module", args.module)
     workdir = os.path.relpath(Path.cwd(), os.path.abspath(folder))
-    from launcher.recipe import recipe_from_mapping
+    from launcher.job.recipe import recipe_from_mapping
 
     text = JOB_RECIPE.format(what=f"{key} {target}", recipe=RECIPE_FILE, name=name,
                              workdir=json.dumps(workdir), key=key, target=json.dumps(target))
@@ -123,7 +123,7 @@ def named_recipe_text(text: str, name: str, source: Path) -> str:
     if count != 1 or (yaml.safe_load(renamed) or {}).get("name") != name:
         raise InitError(f"{source}: its top-level `name:` line could not be set to {name}; "
                         "copy the file by hand")
-    from launcher.recipe import recipe_from_mapping
+    from launcher.job.recipe import recipe_from_mapping
 
     recipe_from_mapping(yaml.safe_load(renamed), str(source))  # the copy loads as it is
     return renamed
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job_recipe(args: argparse.Namespace) -> int:
     """`launch init --script PATH` / `-m MODULE`: a recipe running your own code."""
-    from launcher.job import script_recipe
+    from launcher.job.spec import script_recipe
 
     if args.script and not (Path.cwd() / args.script).is_file():
         raise InitError(f"--script {args.script}: no such file here ({Path.cwd()}); give the "

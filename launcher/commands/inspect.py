@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 from launcher.nccl.detect import parse_file
 from launcher.nccl.summary import summary_lines
 

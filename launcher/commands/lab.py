@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.lab import Lab
+from launcher.lab.hosts import Lab
 
 
 def register(sub) -> None:
@@ -65,8 +65,8 @@ def lab_up(args) -> int:
 def slurm_lab_up(args) -> int:
     import sys
 
-    from launcher.errors import LauncherError
-    from launcher.slurm_lab import SlurmLab
+    from launcher.core.errors import LauncherError
+    from launcher.lab.slurm import SlurmLab
 
     if args.cap:
         raise LauncherError("--cap shapes the SSH lab's links; the Slurm lab has no --cap yet")
@@ -80,7 +80,7 @@ def slurm_lab_up(args) -> int:
 
 
 def lab_down(args) -> int:
-    from launcher.slurm_lab import SlurmLab
+    from launcher.lab.slurm import SlurmLab
 
     if args.dry_run:
         slurm = SlurmLab.is_lab(args.dir)

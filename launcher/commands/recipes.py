@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from launcher import bundled
-from launcher.table import format_table
+from launcher.core import bundled
+from launcher.core.table import format_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

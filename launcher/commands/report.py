@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from launcher.report import (REPORT_JSON, REPORT_MD, ReportError, checked_report,
+from launcher.report.build import (REPORT_JSON, REPORT_MD, ReportError, checked_report,
                              render_markdown, write_run_report)
-from launcher.report_html import REPORT_HTML
+from launcher.report.html import REPORT_HTML
 
 HELP = f"""\
 Regenerates RUN_DIR/{REPORT_MD}, {REPORT_JSON} and {REPORT_HTML} (launch writes them after

@@ -9,16 +9,15 @@ import sys
 
 from pathlib import Path
 
-from launcher.backends import LaunchOptions, backend_for, print_plan
-from launcher.backends.base import Recover
+from launcher.backends import LaunchOptions, Recover, backend_for, print_plan
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
                                       port_number, recover_count, recover_seconds,
                                       restart_count)
-from launcher.errors import LauncherError
-from launcher.job import check_target, job_of, script_recipe
-from launcher.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
-from launcher.runfolder import check_run_id, new_run_id
+from launcher.core.errors import LauncherError
+from launcher.job.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
+from launcher.job.spec import check_target, job_of, script_recipe
+from launcher.runs.folder import check_run_id, new_run_id
 
 DEFAULT_WORKDIR_LIMIT = 1 << 30
 
@@ -143,12 +142,12 @@ def _recipe_only(args, recipe_is_file: bool) -> None:
 
 
 def scan(job, limit: int, runs_dir: str):
-    """The workdir's manifest (launcher/workdir.py), its warnings said on stderr. The runs
+    """The workdir's manifest (launcher/workdir/scan.py), its warnings said on stderr. The runs
     folder is never shipped, even inside the workdir (`launch run train.py` from a project
     puts runs/ there: every earlier run's logs would go to every node)."""
     if job.workdir is None:
         return None
-    from launcher.workdir import scan_workdir
+    from launcher.workdir.scan import scan_workdir
 
     manifest = scan_workdir(Path(job.workdir), limit_bytes=limit, limit_hint="--workdir-limit",
                             leave_out={Path(runs_dir).resolve(): "the runs folder (--runs-dir)"})
@@ -178,7 +177,7 @@ def main(args) -> int:
                             "give --gate too")
     point = None
     if args.resume:
-        from launcher.resume import find_resume_point
+        from launcher.runs.resume import find_resume_point
 
         if args.run_id and args.run_id != args.resume:
             raise LauncherError(f"--resume {args.resume} continues that run in its folder; "
@@ -217,7 +216,7 @@ def main(args) -> int:
                         rdzv_port=args.rdzv_port, job=job, workdir=manifest) \
         if args.dry_run or point else None
     if point is not None:
-        from launcher.resume import check_resume
+        from launcher.runs.resume import check_resume
 
         notes = check_resume(point, recipe, [n.name for n in nodes], plan.world_size,
                              checkpoint_must_be_here=backend.kind == "local",
@@ -235,12 +234,12 @@ def main(args) -> int:
                   file=sys.stderr)
         print_plan(plan, args.json)
         return 0
-    from launcher.leftovers import abandoned_warnings
+    from launcher.runs.leftovers import abandoned_warnings
 
     for warning in abandoned_warnings(args.runs_dir):
         print(f"launch: warning: {warning}", file=sys.stderr)
     if args.gate:
-        from launcher.check.gate import gate_before_run
+        from launcher.check.collective_gate import gate_before_run
 
         nodes = gate_before_run(backend, recipe, nodes, run_id=run_id, runs_dir=args.runs_dir,
                                 exclude_bad=args.exclude_bad, grace_s=args.grace,

@@ -6,8 +6,8 @@ import argparse
 import json
 import math
 
-from launcher.errors import LauncherError
-from launcher.table import format_table, printable
+from launcher.core.errors import LauncherError
+from launcher.core.table import format_table, printable
 
 HELP = """\
 Lists the run folders in --runs-dir (default runs/), one line each: run id, recipe, backend
@@ -62,7 +62,7 @@ def _row(s) -> tuple[str, ...]:
 
 
 def main(args) -> int:
-    from launcher.leftovers import runs_in, stop
+    from launcher.runs.leftovers import runs_in, stop
 
     states = runs_in(args.runs_dir)
     if args.stop:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launcher.errors import LauncherError
-from launcher.yamlfile import YamlFileError, load_yaml_file
+from launcher.core.errors import LauncherError
+from launcher.core.yamlfile import YamlFileError, load_yaml_file
 
 HELP = """\
 Applies playbooks/site.yml to every host of an Ansible YAML inventory through ansible-runner:
@@ -94,7 +94,7 @@ def inventory_of(args: argparse.Namespace) -> Path:
     if args.inventory is not None:
         return args.inventory
     if args.cluster:
-        from launcher.home import inventory_for
+        from launcher.core.home import inventory_for
 
         return inventory_for(args.cluster)
     raise LauncherError("launch setup needs the nodes: -i INVENTORY, or --cluster NAME for a "

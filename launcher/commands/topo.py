@@ -8,9 +8,9 @@ import json
 import shlex
 
 from launcher.backends import NodeResult, backend_for
-from launcher.commands.where import add_where_arguments, where_from_args
+from launcher.cluster.inventory import Node
 from launcher.commands.common import where_nodes
-from launcher.inventory import Node
+from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
 HELP = """\

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 
 from launcher.backends import SshOptions, Where
-from launcher.backends.slurm_flags import SLURM_FLAGS
-from launcher.errors import LauncherError
+from launcher.backends.slurm.flags import SLURM_FLAGS
+from launcher.core.errors import LauncherError
 
 
 def add_ssh_arguments(parser) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.names import path_component
+from launcher.core.names import path_component
 
 HANG_DIR = "hang"
 DUMP_TIMEOUT_S = 10.0

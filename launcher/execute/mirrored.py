@@ -1,4 +1,4 @@
-"""The checkpoint mirror's processes in a run (launcher/mirror.py plans them): the restores run
+"""The checkpoint mirror's processes in a run (launcher/job/mirror.py plans them): the restores run
 before the job, as a step of the run's preparation (a mirror that cannot be read or written
 fails the run before anything trains, naming the node and the destination), and the watcher
 runs beside the job as a sidecar of the run (launcher/execute/sidecar.py), given time to
@@ -13,8 +13,8 @@ from typing import Any
 
 from launcher.execute.prepare import PrepareFailed, in_parallel_or_raise
 from launcher.execute.sidecar import Sidecar
-from launcher.mirror import DRAIN_S, LABEL
-from launcher.plan import NodeCommand, RunPlan
+from launcher.job.mirror import DRAIN_S, LABEL
+from launcher.job.runplan import NodeCommand, RunPlan
 
 
 def watcher(plan: RunPlan, make: Callable[[NodeCommand], Any]) -> list[Sidecar]:
@@ -75,7 +75,7 @@ def run_local(command: NodeCommand, out: _Output) -> int | None:
 
 def ssh_runner(procs: dict[str, Any]) -> Callable[[NodeCommand, _Output], int | None]:
     """A restore over the node process's own connection (opened again if it dropped)."""
-    from launcher.ssh import remote
+    from launcher.cluster.ssh import remote
 
     def run(command: NodeCommand, out: _Output) -> int | None:
         line = remote("env", *(f"{k}={v}" for k, v in command.env.items()), *command.argv)

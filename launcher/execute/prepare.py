@@ -8,18 +8,16 @@ output kept in `<run>/<node>/setup.log` and in the node's log, and no job starts
 from __future__ import annotations
 
 import os
-import posixpath
 import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from launcher.errors import LauncherError
-from launcher.jobsetup import SETUP_LOG, setup_argv, setup_key
-from launcher.logs import LineSink
-from launcher.safefile import open_append
-from launcher.plan import NodeCommand, RunPlan
+from launcher.core.errors import LauncherError
+from launcher.core.safefile import open_append
+from launcher.job.runplan import NodeCommand, RunPlan
+from launcher.job.setup import SETUP_LOG, setup_argv, setup_key
 
 SETUP_LABEL = "setup"
 
@@ -152,49 +150,5 @@ def prepare_local(plan: RunPlan, manifest, shipped) -> Callable | None:
                 run_local_setup(plan, manifest.digest if manifest is not None else None, log)
             finally:
                 log.close()
-
-    return prepare
-
-
-def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
-    """What an SSH run does before its job, the workdir being shipped by preflight already:
-    setup on every node at once, over the node's connection, started like a node agent (its
-    own session, ended with the connection: launcher/execute/remote_agent.py START_SCRIPT)."""
-    job = plan.job
-    if not job.setup:
-        return None
-    from launcher.execute.remote_agent import START_SCRIPT
-    from launcher.runfolder import STAMP_ENV
-    from launcher.ssh import remote
-
-    key = setup_key(manifest.digest if manifest is not None else None, job.setup)
-    commands = {c.name: c for c in plan.nodes}
-
-    def prepare(router, notify: Callable[[str], None], folder) -> None:
-        def one(name: str) -> None:
-            command, proc = commands[name], procs[name]
-            log = SetupLog(folder.node_dir(name), name, router.line)
-            env = {**command.env, STAMP_ENV: folder.stamp}
-            line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-setup",
-                          command.cwd or ".", posixpath.join(command.run_dir,
-                                                             "launch-setup.pgid"),
-                          posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
-                          env.get("LAUNCH_CHECKPOINT_DIR", ""),
-                          "env", *[f"{k}={v}" for k, v in env.items()],
-                          *setup_argv(key, job.setup))
-            out, err = LineSink(log.line), LineSink(log.line)
-            try:
-                result = proc.connection().run(line, hide=True, warn=True, pty=False,
-                                               in_stream=False, out_stream=out,
-                                               err_stream=err)
-                out.close()
-                err.close()
-                if result.exited != 0:
-                    raise log.failure(result.exited)
-            finally:
-                log.close()
-
-        notify(f"setup on {len(commands)} node(s): {len(job.setup)} command(s)")
-        in_parallel_or_raise(one, commands)
 
     return prepare

@@ -26,7 +26,7 @@ from typing import Any
 from launcher.execute.forensics import NO_SIGN, NO_STEP, HangReport, investigate
 from launcher.execute.supervisor import PEER_LOST, describe_exit, exit_evidence
 from launcher.execute.watch import HangWatch
-from launcher.logs import split_rank
+from launcher.runs.logs import split_rank
 
 # torchrun's agent, when a worker fails: "failed (exitcode: -9) local_rank: 0 (pid: 123) of
 # binary: ..." (torch/distributed/elastic/multiprocessing/api.py).
@@ -209,13 +209,13 @@ class Recovery:
         self.started_at = clock()
         self.watch: HangWatch | None = None
         self.hangs: list[dict[str, Any]] = []
-        # A user's job: the hang watch reads its processes and output (launcher/progress.py
+        # A user's job: the hang watch reads its processes and output (launcher/runs/progress.py
         # StepLines, set by the runner), not heartbeats.
         self.user_job = user_job
         self.steps = None
         # A command (its own launcher): a failure restarts every node, not one agent.
         self.restart_together = restart_together
-        # node -> why its machine is gone, or None (launcher/execute/replace.py): an agent is
+        # node -> why its machine is gone, or None (launcher/backends/ssh/replace.py): an agent is
         # not restarted on a machine that is no more.
         self.node_lost = node_lost
         self.lost: dict[str, str] = {}

@@ -6,16 +6,16 @@ import signal
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from launcher.display import make_display
-from launcher.errors import RunFailed
+from launcher.core.errors import RunFailed
 from launcher.execute.prepare import PrepareFailed
 from launcher.execute.recovery import Recovery
 from launcher.execute.sidecar import EXIT_PREEMPTED
 from launcher.execute.supervisor import NodeExit, NodeProcess, Outcome, supervise
-from launcher.logs import LineRouter, failure_excerpt
-from launcher.progress import StepLines
-from launcher.plan import RunPlan
-from launcher.runfolder import RunFolder
+from launcher.job.runplan import RunPlan
+from launcher.report.display import make_display
+from launcher.runs.folder import RunFolder
+from launcher.runs.logs import LineRouter, failure_excerpt
+from launcher.runs.progress import StepLines
 
 EXIT_INTERRUPTED = 130
 
@@ -67,11 +67,11 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
     }
     for key in ("preemption", "lost"):
         # The interruption notices the spot watchers saw (launcher/execute/sidecar.py), the
-        # nodes whose machine was gone (launcher/execute/replace.py).
+        # nodes whose machine was gone (launcher/backends/ssh/replace.py).
         if outcome.recovery.get(key):
             summary[key] = outcome.recovery[key]
     if plan.mirror is not None:
-        from launcher.mirror import mirror_summary
+        from launcher.job.mirror import mirror_summary
 
         summary["mirror"] = mirror_summary(folder.root, plan.nodes[0].name)
     if plan.job.is_trainer:
@@ -165,7 +165,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         display.message(f"warning: could not write the summary in {folder.root}: "
                         f"{err.strerror or err}")
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
-        from launcher.report import print_run_report, write_run_report
+        from launcher.report.build import print_run_report, write_run_report
 
         if outcome.status == "interrupted":
             write_run_report(folder.root)   # kept, not shown: no advice after a Ctrl-C

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from launcher.logs import LineRouter
+from launcher.runs.logs import LineRouter
 
 
 class NodeProcess(Protocol):

@@ -100,7 +100,7 @@ class ProgressClock:
 
 class ActivityClock:
     """A user's job, which writes no heartbeat: progress is a new line of a worker's output,
-    a LAUNCH_STEP line (launcher/progress.py), or a job process that used CPU since the last
+    a LAUNCH_STEP line (launcher/runs/progress.py), or a job process that used CPU since the last
     look (train/node_probe.py activity). Armed once the job's processes run (torchrun's
     workers: the rendezvous has its own timeout); a restart disarms it until new ones run."""
 

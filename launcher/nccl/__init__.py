@@ -14,7 +14,7 @@ from launcher.nccl.errors import NcclParseError
 from launcher.nccl.nccl_tests import (
     Measurement, NcclTestsRun, RankDevice, ResultRow, parse_nccl_tests,
 )
-from launcher.nccl.table import (
+from launcher.nccl.perf_table import (
     footer_lines, format_row, header_lines, measured_row, render_table,
 )
 from launcher.nccl.topology import Topology, link_speed, parse_topology

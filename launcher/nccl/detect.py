@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import safefile
+from launcher.core import safefile
 from launcher.nccl.debug_log import NcclDebugLog, is_debug_line, parse_debug_log
 from launcher.nccl.errors import NcclParseError
 from launcher.nccl.nccl_tests import NcclTestsRun, is_column_header, parse_nccl_tests

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 
 
 class NcclParseError(LauncherError):

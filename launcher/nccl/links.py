@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher import catalog
-from launcher.catalog import CatalogError, InstanceFacts
+from launcher.cluster import catalog
+from launcher.cluster.catalog import CatalogError, InstanceFacts
 
 # The catalog's interconnect wording -> the class `parse_topology` gives the same wiring.
 TOPOLOGY_CLASS = {

@@ -16,7 +16,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 from launcher.provision.plan import CLUSTER_TAG, CREATED_BY_TAG
 
 # Codes EC2 returns when it has no room for the request right now. AWS's advice for all of them is

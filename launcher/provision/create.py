@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from launcher import catalog
-from launcher.errors import LauncherError
-from launcher.home import cluster_dir
-from launcher.inventory import Node
+from launcher.cluster import catalog
+from launcher.cluster.inventory import Node
+from launcher.core.errors import LauncherError
+from launcher.core.home import cluster_dir
 from launcher.provision import aws, dryrun, resources
 from launcher.provision.aws import AwsError, Clients, NoCredentials
 from launcher.provision.ledger import Ledger
@@ -289,7 +289,7 @@ def emit_summary(plan: ProvisionPlan, nodes: list[Node], as_json: bool) -> None:
 
 
 def _through(node: Node) -> str | None:
-    from launcher.ssh import gateway_for
+    from launcher.cluster.ssh import gateway_for
 
     via = gateway_for(node)
     return via.address if isinstance(via, Node) else via

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from launcher.errors import LauncherError
-from launcher.home import cluster_inventory
-from launcher.inventory import Node, load_inventory
+from launcher.cluster.inventory import Node, load_inventory
+from launcher.core.errors import LauncherError
+from launcher.core.home import cluster_inventory
 from launcher.provision import aws, ttl
 from launcher.provision.aws import AwsError, NoCredentials
 from launcher.provision.ledger import Ledger
@@ -24,7 +24,7 @@ class ExtendFailed(LauncherError):
 
 def _move(node: Node, expires_at: str, options) -> str | None:
     """None when the node's timer now says `expires_at`, else what went wrong."""
-    from launcher.ssh import HostProblem, connect
+    from launcher.cluster.ssh import HostProblem, connect
 
     setter = str(node.extra.get("launch_ttl_setter") or ttl.SETTER)
     try:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import paramiko
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 
 # paramiko logs every failed handshake with a traceback on stderr; an instance still booting
 # fails many, and wait_for_ssh reports the last error per host itself.

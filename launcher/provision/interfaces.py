@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.catalog import InstanceFacts, NetworkCard
+from launcher.cluster.catalog import InstanceFacts, NetworkCard
 
 ENA = "interface"
 EFA = "efa"

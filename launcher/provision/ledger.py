@@ -17,11 +17,11 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from launcher import safefile
-from launcher.errors import LauncherError
-from launcher.home import cluster_dir, launch_home
+from launcher.core import safefile
+from launcher.core.errors import LauncherError
+from launcher.core.home import cluster_dir, launch_home
 from launcher.provision.plan import iso
-from launcher.runschema import Number, Short, Text, Word
+from launcher.runs.schema import Number, Short, Text, Word
 
 LIVE = ("requested", "created")
 MAX_LEDGER = 16 * safefile.MIB   # thousands of resources and events are a few hundred KB
@@ -85,7 +85,7 @@ class Ledger:
     @classmethod
     def read(cls, path: Path) -> "Ledger | None":
         """The ledger at `path` (None when there is none): a regular file of bounded size
-        (launcher/safefile.py) whose every field launch reads has the type it expects."""
+        (launcher/core/safefile.py) whose every field launch reads has the type it expects."""
         try:
             data = safefile.read_json(path, "ledger", max_bytes=MAX_LEDGER)
         except safefile.UnsafeFile as err:

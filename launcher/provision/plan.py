@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from launcher.catalog import InstanceFacts, Price
-from launcher.errors import LauncherError
-from launcher.names import name_problem, shown
+from launcher.cluster.catalog import InstanceFacts, Price
+from launcher.core.errors import LauncherError
+from launcher.core.names import name_problem, shown
 from launcher.provision import interfaces as nics
 from launcher.provision import quotas, reservations, ttl
 from launcher.provision.interfaces import NetworkInterface

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launcher.catalog import Price
+from launcher.cluster.catalog import Price
 from launcher.provision import aws
 
 SOURCE = "AWS Price List API"

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from launcher.errors import LauncherError
-from launcher.inventory import Node, write_inventory
+from launcher.cluster.inventory import Node, write_inventory
+from launcher.core.errors import LauncherError
 from launcher.provision import aws, hostkeys, resources
 from launcher.provision.aws import AwsError
 from launcher.provision.ledger import Ledger
@@ -30,8 +30,8 @@ from launcher.provision.requests import (
     allocate_address_request, placement_group_request, rule_requests, run_instances_request,
     security_group_request,
 )
+from launcher.cluster.ssh import proxy_command, ssh_common_args
 from launcher.provision.resources import ClusterResources
-from launcher.ssh import proxy_command, ssh_common_args
 
 
 class ProvisionFailed(LauncherError):

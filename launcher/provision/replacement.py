@@ -1,5 +1,5 @@
 """A lost node of a cluster `launch provision` made, and its replacement on EC2: what
-`launch run --recover` asks of the cluster (launcher/execute/replace.py is the rest).
+`launch run --recover` asks of the cluster (launcher/backends/ssh/replace.py is the rest).
 
 - gone(node): EC2's word on the node's instance: stopped, stopping, shutting down, terminated
   (a spot reclaim says so in its state reason), or no longer known.
@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.errors import LauncherError
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
+from launcher.core.errors import LauncherError
 from launcher.provision import aws, resources
 from launcher.provision.ledger import Ledger, now_iso
 from launcher.provision.plan import ProvisionSpec, check_quotas

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
 
 CAPACITY_BLOCK = "capacity-block"
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from launcher import catalog
-from launcher.catalog import InstanceFacts
-from launcher.errors import LauncherError
+from launcher.cluster import catalog
+from launcher.cluster.catalog import InstanceFacts
+from launcher.core.errors import LauncherError
 from launcher.provision import account, aws, prices, reservations
 from launcher.provision.aws import AwsError, Clients
 from launcher.provision.ledger import Ledger

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from launcher import catalog
+from launcher.cluster import catalog
+from launcher.core.table import format_table
 from launcher.provision import aws
 from launcher.provision.ledger import Ledger
-from launcher.table import format_table
 from launcher.provision.plan import (
     CLUSTER_TAG, CREATED_AT_TAG, CREATED_BY_TAG, EXPIRES_AT_TAG, parse_iso,
 )
@@ -33,7 +33,7 @@ class ClusterStatus:
     hours_left: float | None = None  # until the nodes terminate themselves; None: no expiry
     market: str | None = None        # on-demand | spot | capacity-block
     # Lost nodes replaced by `launch run --recover`, and what they cost: the cluster's price
-    # for the time from each loss to the run going on (launcher/execute/replace.py).
+    # for the time from each loss to the run going on (launcher/backends/ssh/replace.py).
     recoveries: int = 0
     recovery_cost: float | None = None
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from launcher.errors import LauncherError
+from launcher.core.errors import LauncherError
+from launcher.core.home import cluster_dir
 from launcher.provision import aws, resources
 from launcher.provision.aws import NoCredentials
 from launcher.provision.dryrun import Check, send_dry_run
-from launcher.home import cluster_dir
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import validate_cluster_name
 from launcher.provision.resources import ClusterResources

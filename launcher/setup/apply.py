@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from launcher.bundled import playbooks_dir
-from launcher.catalog import BUILTIN, NVSWITCH
-from launcher.errors import LauncherError
-from launcher.inventory import Node, load_inventory
-from launcher.home import cluster_dir, launch_home
+from launcher.cluster.catalog import BUILTIN, NVSWITCH
+from launcher.cluster.inventory import Node, load_inventory
+from launcher.core.bundled import playbooks_dir
+from launcher.core.errors import LauncherError
+from launcher.core.home import cluster_dir, launch_home
 
 PLAYBOOK = "site.yml"
 # The tags site.yml gives its roles; --tags accepts these.

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from launcher.core.table import format_table
 from launcher.setup.apply import apply_playbook
-from launcher.table import format_table
 
 # Column order: what the node_checks role runs (roles/node_checks/defaults/main.yml).
 CHECKS = ("driver", "gpus", "dkms", "fabric_manager", "persistence", "efa", "nccl", "torch")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from launcher import catalog
-from launcher.catalog import NVSWITCH, PCIE_ONLY, InstanceFacts, NetworkCard, Price
+from launcher.cluster import catalog
+from launcher.cluster.catalog import NVSWITCH, PCIE_ONLY, InstanceFacts, NetworkCard, Price
 
 EFA_CARD = ("interface", "efa", "efa-only")
 VANTAGE = ("instances.vantage.sh copy of the AWS price list", "2026-08-26")
@@ -51,7 +51,7 @@ def test_exact_facts(expected):
 
 def test_p_prices_are_the_june_2025_cut_ones():
     """AWS cut P4 prices by up to 33% and P5 by up to 45% in June 2025: the table's P prices
-    (written by hand from the public source named in launcher/catalog.py) are below the old
+    (written by hand from the public source named in launcher/cluster/catalog.py) are below the old
     list prices by about that much."""
     before = {"p4d.24xlarge": 32.7726, "p4de.24xlarge": 40.9657, "p5.48xlarge": 98.32}
     cut = {t: 1 - catalog.lookup(t).price_per_hour / old for t, old in before.items()}

@@ -10,14 +10,14 @@ from datetime import datetime, timezone
 import paramiko
 import pytest
 
-from launcher import catalog
-from launcher.inventory import Node, load_inventory
+from launcher.cluster import catalog
+from launcher.cluster.inventory import Node, load_inventory
+from launcher.cluster.ssh import known_hosts_for
 from launcher.provision import hostkeys
+from launcher.provision.hostkeys import HostKey, HostKeyMismatch, SshWaitError
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import ProvisionSpec, SiteFacts, Zone, plan_provision
 from launcher.provision.provisioner import Provisioner
-from launcher.ssh import known_hosts_for
-from launcher.provision.hostkeys import HostKey, HostKeyMismatch, SshWaitError
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_known_hosts_replaces_reused_addresses(tmp_path):
 
 
 def test_inventory_names_the_known_hosts_file_for_ansible_and_launch_run(tmp_path):
-    """`launch run`'s SSH executor (launcher/ssh.py) must find the file provisioning wrote."""
+    """`launch run`'s SSH executor (launcher/cluster/ssh.py) must find the file provisioning wrote."""
     site = SiteFacts(region="us-east-1", zones=(Zone("us-east-1a", "subnet-1", "vpc-1"),),
                      ami_id="ami-1", ami_description="ubuntu", root_device="/dev/sda1",
                      ssh_cidr="203.0.113.7/32")

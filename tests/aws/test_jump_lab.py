@@ -19,9 +19,9 @@ import paramiko
 import pytest
 import yaml
 
-from launcher.bundled import playbooks_dir
-from launcher.inventory import load_inventory
-from launcher.lab import Lab, lab_unavailable_reason
+from launcher.cluster.inventory import load_inventory
+from launcher.core.bundled import playbooks_dir
+from launcher.lab.hosts import Lab, lab_unavailable_reason
 from launcher.provision import hostkeys
 from launcher.provision.ledger import Ledger
 from tests.run.conftest import write_recipe
@@ -160,7 +160,7 @@ def test_a_node_that_fails_behind_the_head_leaves_no_connection_to_the_head(priv
     """connect() opens the head's connection for a node behind it; when the node cannot be
     reached, or its own key file is missing, no connection to the head stays open (one was
     left open per failed node)."""
-    from launcher.ssh import HostProblem, SshOptions, connect
+    from launcher.cluster.ssh import HostProblem, SshOptions, connect
 
     head = private_lab.hosts[0]
     nodes = load_inventory(private_lab.inventory)

@@ -10,19 +10,19 @@ from datetime import datetime, timezone
 
 import pytest
 
-from launcher import catalog
+from launcher.cluster import catalog
 from launcher.provision.interfaces import NetworkInterface
 from launcher.provision.plan import (
     ProvisionSpec, ProvisionSpecError, QuotaExceeded, SiteFacts, Zone, check_quotas,
     normalize_cidr, parse_duration, parse_jump, plan_provision, ubuntu_ssm_parameter,
     validate_spec, dlami_ssm_parameter,
 )
+from launcher.provision import ttl
 from launcher.provision.quotas import AccountFacts, QuotaReading, quota_group
 from launcher.provision.render import render_plan
 from launcher.provision.requests import rule_requests, run_instances_request
 from launcher.provision.reservations import Reservation, ReservationMismatch
 from launcher.provision.resources import number_nodes
-from launcher.provision import ttl
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 SITE = SiteFacts(

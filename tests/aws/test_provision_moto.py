@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import catalog
-from launcher.inventory import load_inventory
+from launcher.cluster import catalog
+from launcher.cluster.inventory import load_inventory
 from launcher.provision import ttl
 from launcher.provision.ledger import Ledger
 from launcher.provision.plan import ProvisionSpec, SiteFacts, Zone, plan_provision

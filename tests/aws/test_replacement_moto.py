@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.inventory import load_inventory
+from launcher.cluster.inventory import load_inventory
 from launcher.provision.replacement import Ec2Fleet, instance_gone
 from tests.aws.test_provision_moto import base, instances, ledger
 

@@ -15,7 +15,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from launcher import catalog
+from launcher.cluster import catalog
 from launcher.provision import dryrun, resources
 from launcher.provision.aws import AwsError, Clients
 from launcher.provision.create import provision

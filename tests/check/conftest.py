@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.lab import Lab, lab_unavailable_reason
+from launcher.lab.hosts import Lab, lab_unavailable_reason
 
 
 @pytest.fixture(scope="module")

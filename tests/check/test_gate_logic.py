@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.check.gate import GateResult, gate_program
+from launcher.check.collective_gate import GateResult, gate_program
 from launcher.check.health import FAIL, OK, SKIP
-from launcher.errors import RecipeError
-from launcher.plan import Placement
-from launcher.recipe import recipe_from_mapping
+from launcher.core.errors import RecipeError
+from launcher.job.recipe import recipe_from_mapping
+from launcher.job.runplan import Placement
 from train.gatesearch import GateSearch
 from train.stragglers import StragglerJudge
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.check import health
 from launcher.check.health import FAIL, OK, SKIP, WARN, expectation, node_checks
 from launcher.check.nvsmi import parse_smi
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
 
 DATA = Path(__file__).parent / "data"
 GIB = 1 << 30
@@ -26,7 +26,7 @@ def probe(*, smi: str | None = None, nvlink: str = "", fabric: str = "inactive",
           kernel: list[str] | None = None, fi_info: str | None = None,
           memlock: int | None = None, address: str = "10.0.0.5", torch: str = "2.13.0",
           free: int = 100 * GIB) -> dict:
-    """A node's answer as launcher/check/node_probe.py gives it."""
+    """A node's answer as launcher/check/ask_node.py gives it."""
     out = {"hostname": "n", "python": "/usr/bin/python3", "python_version": "3.10.12",
            "probe_s": 3.2, "nvswitches": 0, "efa_sysfs": [],
            "nvidia_smi": answer(smi) if smi is not None

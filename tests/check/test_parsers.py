@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.check.links import parse_fi_info, parse_nvlink_status
+from launcher.check.fabric import parse_fi_info, parse_nvlink_status
 from launcher.check.nvsmi import SmiParseError, parse_smi
 from launcher.check.xid import parse_kernel_log, summarize
 

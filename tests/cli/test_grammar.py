@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import bundled
 from launcher.cli import build_parser, main
+from launcher.core import bundled
 from tests.aws.conftest import moto_url  # noqa: F401 (a fixture: AWS as moto's server)
 
 # Commands that change nothing anywhere, and why; every other command needs --dry-run.

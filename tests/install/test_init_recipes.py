@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import bundled
+from launcher.core import bundled
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "launcher" / "recipes"
@@ -237,7 +237,7 @@ def test_nothing_in_launcher_locates_files_relative_to_the_checkout():
             if re.search(r"__file__|parents\[|sys\.argv\[0\]", line) and \
                     (rel, function) not in ALLOWED_FILE_LOOKUPS:
                 offenders.append(f"{rel}:{number}: {line.strip()}")
-    assert not offenders, "use launcher.bundled (importlib.resources) instead:\n" + \
+    assert not offenders, "use launcher.core.bundled (importlib.resources) instead:\n" + \
         "\n".join(offenders)
 
 

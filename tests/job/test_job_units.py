@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.errors import RecipeError
+from launcher.cluster.inventory import Node
+from launcher.core.errors import RecipeError
 from launcher.execute.recovery import RestartBook
 from launcher.execute.supervisor import failure_evidence
 from launcher.execute.watch import USER_HANG_FLOOR_S, ActivityClock
-from launcher.inventory import Node
-from launcher.job import Job, job_of, script_recipe, workdir_folder_name
-from launcher.plan import Placement, plan_run
-from launcher.progress import StepLines, parse_step
-from launcher.recipe import recipe_from_mapping
+from launcher.job.recipe import recipe_from_mapping
+from launcher.job.runplan import Placement, plan_run
+from launcher.job.spec import Job, job_of, script_recipe, workdir_folder_name
+from launcher.runs.progress import StepLines, parse_step
 
 # Seen here (torch 2.13.0, gloo) when the peer rank of a 2-rank job raised: the survivor's
 # error, verbatim (node1's log of tests/job/test_local_job.py's crash).
@@ -209,7 +209,7 @@ def test_a_restart_incident_moves_to_the_node_that_did_not_lose_a_peer():
 def test_init_script_writes_the_recipe_launch_run_script_stands_for(tmp_path, monkeypatch,
                                                                        capsys):
     from launcher.cli import main
-    from launcher.recipe import load_recipe
+    from launcher.job.recipe import load_recipe
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from launcher.lab import Lab, lab_unavailable_reason
+from launcher.lab.hosts import Lab, lab_unavailable_reason
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.ssh.conftest import only_sshd_left
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher import workdir_node
-from launcher.workdir import scan_workdir
-from launcher.workdir_sync import ship_local
+from launcher.workdir import node as workdir_node
+from launcher.workdir.scan import scan_workdir
+from launcher.workdir.sync import ship_local
 from train import worker
 
 WORKER = Path(worker.__file__)

@@ -11,10 +11,10 @@ import json
 import shutil
 from pathlib import Path
 
-from launcher.nccl.bench import bandwidth_document
 from launcher.nccl.links import link_peak
 from launcher.nccl.nccl_tests import RankDevice, parse_nccl_tests
-from launcher.nccl.table import measured_row, render_table
+from launcher.nccl.perf_table import measured_row, render_table
+from launcher.nccl.sweep import bandwidth_document
 
 # nccl #527: all_reduce of 1 GiB on two p4d nodes (16 A100s), 35215 us out of place and
 # 35198 us in place: busbw 57.17 / 57.20 GB/s over a network of 4x 100 Gb/s = 50 GB/s.

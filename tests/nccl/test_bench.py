@@ -10,11 +10,11 @@ import stat
 import pytest
 import torch
 
-from launcher.nccl.bench import (BenchError, bench_program, mpirun_argv, nccl_tests_argv,
+from launcher.nccl.sweep import (BenchError, bench_program, mpirun_argv, nccl_tests_argv,
                                  parse_size, results_table, sweep_sizes)
+from launcher.job.runplan import Placement
 from launcher.nccl.busbw import bus_bandwidth
 from launcher.nccl.nccl_tests import parse_nccl_tests
-from launcher.plan import Placement
 from train import bench as sweep
 
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from launcher.report import (RED, RESET, ReportError, build_report, print_run_report,
+from launcher.report.build import (RED, RESET, ReportError, build_report, print_run_report,
                                   render_markdown, write_run_report)
 from tests.nccl.runfolders import build_runs
 from tests.run.conftest import write_recipe

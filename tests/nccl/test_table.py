@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.nccl.nccl_tests import Measurement, RankDevice, ResultRow, parse_nccl_tests
-from launcher.nccl.table import format_float, format_row, measured_row, render_table
+from launcher.nccl.perf_table import format_float, format_row, measured_row, render_table
 
 
 @pytest.mark.parametrize("value, width, printed", [

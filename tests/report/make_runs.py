@@ -184,9 +184,9 @@ MAKERS = {
 
 
 def screenshots() -> None:
-    from launcher.compare import load_comparison
-    from launcher.compare_html import write_compare_html
-    from launcher.report import write_run_report
+    from launcher.report.build import write_run_report
+    from launcher.report.compare import load_comparison
+    from launcher.report.compare_html import write_compare_html
     from tests.report.browser import open_page
 
     with tempfile.TemporaryDirectory(prefix="page-shots-") as tmp:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compare import MISSING, recipe_differences
+from launcher.report.compare import MISSING, recipe_differences
 from tests.nccl.runfolders import build_runs
 from tests.report.browser import open_page, well_formed
 from tests.report.conftest import DATA

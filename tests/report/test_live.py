@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from launcher.live import MAX_ROWS, NodeBoard
+from launcher.report.live import MAX_ROWS, NodeBoard
 from tests.report.conftest import DATA
 from tests.run.conftest import write_recipe
 from train.stragglers import StragglerJudge
@@ -27,7 +27,7 @@ class Clock:
 
 
 def test_the_trainers_per_node_line_is_what_the_board_shows():
-    """train/stragglers.py writes the line, launcher/live.py reads it: the two ends of one
+    """train/stragglers.py writes the line, launcher/report/live.py reads it: the two ends of one
     format, both real."""
     judge = StragglerJudge([("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1)])
     # Per rank (compute, data wait, communication wait) means over an interval of 5 steps;

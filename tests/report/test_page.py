@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.page import svg
-from launcher.report import write_run_report
-from launcher.report_plots import rank_split_plot
+from launcher.report.build import write_run_report
+from launcher.report.page import svg
+from launcher.report.plots import rank_split_plot
 from tests.nccl.runfolders import build_runs
 from tests.report.browser import Page, open_page, well_formed
 

@@ -1,6 +1,7 @@
-"""The shape the architecture promises, checked: no import cycles between launch's modules, every
-module importable on its own in any order, and commands that only adapt arguments to backends
-(placement and execution live in launcher/backends and launcher/execute)."""
+"""The shape the architecture promises, checked: folders in layers that import only downwards, no
+import cycles between launch's modules, every module importable on its own in any order, and
+commands that only adapt arguments to backends (placement and execution live in
+launcher/backends and launcher/execute). docs/architecture.md draws the layers."""
 
 from __future__ import annotations
 
@@ -65,6 +66,35 @@ def test_no_import_cycles():
             visit(name)
 
 
+# launcher/'s folders from the bottom up: a module imports only from its own folder or one
+# listed before it (docs/architecture.md says what each holds).
+LAYERS = ("core", "cluster", "job", "runs", "nccl", "report", "workdir", "setup", "provision",
+          "lab", "execute", "check", "backends", "commands", "cli")
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1:            # launcher/__init__.py: the version only
+        return 0
+    assert parts[1] in LAYERS, f"{module}: launcher/{parts[1]} is in no layer: add it to LAYERS"
+    return LAYERS.index(parts[1])
+
+
+def test_every_folder_imports_only_from_below():
+    mods = modules()
+    upward = [f"{name} imports {dep}"
+              for name, path in sorted(mods.items())
+              for dep in sorted(launcher_imports(path, set(mods)))
+              if layer(dep) > layer(name)]
+    assert not upward, "an import upwards (move the shared piece down):\n" + "\n".join(upward)
+
+
+def test_launcher_top_level_holds_only_the_entry_points():
+    """A newcomer finds each module by its folder: nothing else sits at launcher/'s top."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py"]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_module_imports_in_any_order(seed):
     names = sorted(modules())
@@ -76,8 +106,8 @@ def test_every_module_imports_in_any_order(seed):
 
 
 # What placing and running processes needs; commands reach it only through a backend.
-EXECUTION = ("subprocess", "fabric", "paramiko", "launcher.execute", "launcher.preflight",
-             "launcher.plan", "launcher.ssh")
+EXECUTION = ("subprocess", "fabric", "paramiko", "launcher.execute", "launcher.backends.ssh.preflight",
+             "launcher.job.runplan", "launcher.cluster.ssh")
 
 
 def imports_anywhere(path: Path) -> set[str]:

@@ -39,7 +39,7 @@ def test_sigkill_of_launch_leaves_nothing_running_and_the_run_is_reported(tmp_pa
 
 
 def _stamped(stamp: str) -> list[int]:
-    from launcher.leftovers import pids_with_env
+    from launcher.runs.leftovers import pids_with_env
 
     return pids_with_env("LAUNCH_RUN_STAMP", stamp)
 

@@ -36,7 +36,7 @@ def write_checkpoint(folder: Path, step: int, recipe: dict) -> None:
     """A checkpoint as train/checkpoint.py writes one, under the recipe's settings."""
     import torch
 
-    from launcher.recipe import recipe_from_mapping
+    from launcher.job.recipe import recipe_from_mapping
     from train import checkpoint_files as files
     from train.options import resume_signature
 
@@ -92,8 +92,8 @@ RESUME_DRY = ["run", "--resume", RUN, "--local", "--dry-run"]
 def resume_begin(case_dir: Path) -> tuple[int, str]:
     """What a real `--resume` does first in the run folder (RunFolder.for_launch): the earlier
     attempt's files moved to attempts/<n>/, a new launch.json. Answered like the CLI does."""
-    from launcher.errors import LauncherError
-    from launcher.runfolder import RunFolder
+    from launcher.core.errors import LauncherError
+    from launcher.runs.folder import RunFolder
 
     try:
         RunFolder.for_launch(case_dir / "runs", RUN, resume=True)
@@ -276,7 +276,7 @@ def test_a_node_log_planted_as_a_link_stops_a_resume_before_anything_starts(
 
 def test_the_attempt_move_itself_moves_a_link_as_a_link(tmp_path):
     """Below the refusal, the move never follows a link either (safefile.move)."""
-    from launcher.runfolder import RunFolder
+    from launcher.runs.folder import RunFolder
 
     root = make_run(tmp_path / "runs", checkpoint=False)
     (tmp_path / "secret.txt").write_text(SECRET)
@@ -564,7 +564,7 @@ def test_what_a_run_folder_shows_is_the_truth(case, tmp_path, monkeypatch, capsy
 
 def test_a_real_run_scans_a_hostile_runs_folder_without_hanging(tmp_path):
     """Every real `launch run` looks for abandoned runs in its runs folder first."""
-    from launcher.leftovers import abandoned_warnings
+    from launcher.runs.leftovers import abandoned_warnings
 
     root = make_run(tmp_path / "runs", checkpoint=False)
     (root / "summary.json").unlink()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import RecipeError
-from launcher.recipe import recipe_from_mapping
+from launcher.core.errors import RecipeError
+from launcher.job.recipe import recipe_from_mapping
 from train import checkpoint_files as files
 from train import mirror
 from train.mirror import FolderStore, JobUnits, Mirror, Status, mirror_problem

@@ -1,6 +1,6 @@
 """Names without hidden newlines (issue 25, class 5): Python's `$` matches before a final
 newline, so a check written `re.match(r"^...$")` let `lo\\n` reach NCCL_SOCKET_IFNAME. Every
-rule of launcher/names.py, and every place a user's name enters launch, is walked with
+rule of launcher/core/names.py, and every place a user's name enters launch, is walked with
 "name\\n" (and the other characters a terminal or a shell line would act on); and no module
 defines a `$`-anchored pattern of its own outside the parsers of tools' output lines."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.names import RULES, name_problem
+from launcher.core.names import RULES, name_problem
 from tests.run.hostile import Guard, check, run_cli
 
 pytestmark = pytest.mark.timeout(120)
@@ -133,10 +133,10 @@ def test_checkpoint_and_tag_names_are_matched_whole(tmp_path):
 # ---- no other module defines a name pattern of its own --------------------------------------
 
 # Parsers of one line of a tool's output (already split into lines): their `$` meets no
-# newline. launcher/inventory_files.py mirrors Ansible's own file-name pattern, `$` and all.
+# newline. launcher/cluster/inventory_files.py mirrors Ansible's own file-name pattern, `$` and all.
 LINE_PARSERS = ("launcher/nccl/", "launcher/check/", "launcher/execute/forensics.py",
-                "launcher/logs.py", "launcher/backends/slurm.py", "launcher/sbatch.py",
-                "launcher/inventory_files.py", "launcher/live.py", "launcher/progress.py")
+                "launcher/runs/logs.py", "launcher/backends/slurm/backend.py", "launcher/backends/slurm/sbatch.py",
+                "launcher/cluster/inventory_files.py", "launcher/report/live.py", "launcher/runs/progress.py")
 
 
 def _dollar_patterns():
@@ -158,4 +158,4 @@ def _dollar_patterns():
 def test_no_module_checks_a_name_with_a_dollar_anchored_pattern():
     found = list(_dollar_patterns())
     assert not found, ("a `$`-anchored pattern lets 'name\\n' through: add the rule to "
-                       "launcher/names.py (or use fullmatch):\n" + "\n".join(found))
+                       "launcher/core/names.py (or use fullmatch):\n" + "\n".join(found))

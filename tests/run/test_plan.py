@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from launcher.inventory import Node
-from launcher.plan import Placement, plan_run
-from launcher.recipe import recipe_from_mapping
+from launcher.cluster.inventory import Node
+from launcher.job.recipe import recipe_from_mapping
+from launcher.job.runplan import Placement, plan_run
 
 RECIPE = {
     "name": "exp",
@@ -108,7 +108,7 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
 
 
 def test_local_gpu_split_sets_cuda_visible_devices():
-    from launcher.backends.local import LocalBackend
+    from launcher.backends.local.backend import LocalBackend
 
     recipe = recipe_from_mapping({**RECIPE, "ddp": {"comm_hook": "none"}}, "exp.yml")
     backend = LocalBackend(gpus_total=8, cpus_total=16, port=41000, cwd="/srv")
@@ -130,7 +130,7 @@ def test_ipv6_head_is_bracketed():
 
 
 def test_mixed_gpu_counts_with_auto_is_refused():
-    from launcher.errors import RecipeError
+    from launcher.core.errors import RecipeError
 
     recipe = recipe_from_mapping(RECIPE, "exp.yml")
     nodes = cluster(2, 8)

@@ -7,8 +7,8 @@ import copy
 import pytest
 import yaml
 
-from launcher.errors import RecipeError
-from launcher.recipe import load_recipe
+from launcher.core.errors import RecipeError
+from launcher.job.recipe import load_recipe
 
 BASE = {
     "name": "t",
@@ -159,7 +159,7 @@ def test_auto_settings_load(tmp_path):
 
 
 def test_bf16_hook_refused_for_inventory_without_gpus():
-    from launcher.recipe import check_recipe_for_hardware, recipe_from_mapping
+    from launcher.job.recipe import check_recipe_for_hardware, recipe_from_mapping
 
     recipe = recipe_from_mapping(with_(ddp__comm_hook="bf16"), "r.yml")
     check_recipe_for_hardware(recipe, [8, 8])  # GPU nodes: fine
@@ -168,7 +168,7 @@ def test_bf16_hook_refused_for_inventory_without_gpus():
 
 
 def test_nproc_more_than_gpus_refused():
-    from launcher.recipe import check_recipe_for_hardware, recipe_from_mapping
+    from launcher.job.recipe import check_recipe_for_hardware, recipe_from_mapping
 
     recipe = recipe_from_mapping(with_(nproc_per_node=8), "r.yml")
     with pytest.raises(RecipeError, match="nproc_per_node: is 8 but a node has only 4"):
@@ -176,7 +176,7 @@ def test_nproc_more_than_gpus_refused():
 
 
 def test_recipe_knows_the_trainer_model_sizes():
-    from launcher.recipe import VIT_WIDTH_HEADS
+    from launcher.job.recipe import VIT_WIDTH_HEADS
     from train.model import VIT_SIZES
 
     assert VIT_WIDTH_HEADS == {k: (v.width, v.heads) for k, v in VIT_SIZES.items()}

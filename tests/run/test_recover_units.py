@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from launcher.errors import LauncherError
-from launcher.execute.replace import RecoveryBook, fleet_of
-from launcher.inventory import Node
+from launcher.backends.ssh.replace import RecoveryBook, fleet_of
+from launcher.cluster.inventory import Node
+from launcher.core.errors import LauncherError
 from tests.run.conftest import write_recipe
 
 

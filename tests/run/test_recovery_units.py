@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import LauncherError, RecipeError
+from launcher.core.errors import LauncherError, RecipeError
 from launcher.execute.forensics import (Frame, classify, main_frames, parse_faulthandler,
                                         parse_py_spy)
+from launcher.cluster.inventory import Node
 from launcher.execute.recovery import RestartBook
 from launcher.execute.watch import ProgressClock, poll_interval
-from launcher.inventory import Node
-from launcher.plan import Placement, plan_run
-from launcher.recipe import recipe_from_mapping, recipe_warnings
-from launcher.resume import ResumeError, check_resume, find_resume_point
-from launcher.runfolder import RunFolder
+from launcher.job.recipe import recipe_from_mapping, recipe_warnings
+from launcher.job.runplan import Placement, plan_run
+from launcher.runs.folder import RunFolder
+from launcher.runs.resume import ResumeError, check_resume, find_resume_point
 from train import checkpoint_files as files
 from train.node_probe import kill
 

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import time
 
+from launcher.cluster.inventory import Node
 from launcher.execute.sidecar import Preemptions
 from launcher.execute.supervisor import NodeExit, Outcome
-from launcher.inventory import Node
-from launcher.plan import Placement, plan_run
-from launcher.recipe import recipe_from_mapping
-from launcher.spot import with_spot_watch
+from launcher.job.recipe import recipe_from_mapping
+from launcher.job.runplan import Placement, plan_run
+from launcher.job.spot import with_spot_watch
 from train.spot import handles
 
 HANDLER = "import signal, time; signal.signal(signal.SIGUSR1, lambda *a: None); print('ok', " \

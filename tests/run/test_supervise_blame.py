@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import signal
 
-from launcher.display import PlainDisplay
-from launcher.execute.local_agent import LocalNodeProcess
+from launcher.backends.local.agent import LocalNodeProcess
 from launcher.execute.supervisor import supervise
-from launcher.logs import LineRouter
-from launcher.plan import NodeCommand
+from launcher.job.runplan import NodeCommand
+from launcher.report.display import PlainDisplay
+from launcher.runs.logs import LineRouter
 from tests.run.test_recovery_units import KILLED_WORKER
 
 # What host1's agent printed (the verbatim lab line, less the "host1/agent: " launch added),

@@ -8,8 +8,8 @@ import copy
 import pytest
 from pydantic import BaseModel
 
-from launcher.plan import trainer_args
-from launcher.recipe import DDP, Checkpoint, Recipe, Train, recipe_from_mapping
+from launcher.job.recipe import DDP, Checkpoint, Recipe, Train, recipe_from_mapping
+from launcher.job.runplan import trainer_args
 from train.main import parse_args
 from train.options import OPTIONS
 

@@ -183,7 +183,7 @@ def _remove_stale_namespaces() -> None:
 def lab(lab_ready):
     _remove_stale_namespaces()
     pid = os.getpid()
-    # 10.251/16: outside the 10.200-249 range the SSH lab (launcher/lab.py) draws from.
+    # 10.251/16: outside the 10.200-249 range the SSH lab (launcher/lab/hosts.py) draws from.
     used = _run(["ip", "-o", "addr", "show"]).stdout
     third = next(n for n in [pid % 250 + 1, *range(1, 251)] if f" 10.251.{n}." not in used)
     lab = Lab(netns=f"{NS_PREFIX}{pid}", host_if=f"lsu{pid % 10**7}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from launcher.nccl.bench import hostfile_text, mpi_prefix, parse_env_text, with_hostfile
+from launcher.nccl.sweep import hostfile_text, mpi_prefix, parse_env_text, with_hostfile
 
 
 def test_the_head_runs_mpirun_with_a_hostfile_and_the_nodes_settings(run_launch, tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm_lab import SlurmLab, slurm_lab_unavailable_reason
+from launcher.lab.slurm import SlurmLab, slurm_lab_unavailable_reason
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.slurm import SlurmBackend, slurm_settings
-from launcher.errors import LauncherError, RecipeError
-from launcher.execute.slurm_job import exit_status, follow
-from launcher.recipe import recipe_from_mapping
-from launcher.sbatch import HEAD_ADDR, NODE, fill, node_facts, shell_word
-from launcher.slurmctl import gres_gpus, node_usable, parse_job, parse_sinfo
+from launcher.backends.slurm.backend import SlurmBackend, slurm_settings
+from launcher.backends.slurm.job import exit_status, follow
+from launcher.backends.slurm.sbatch import HEAD_ADDR, NODE, fill, node_facts, shell_word
+from launcher.backends.slurm.slurmctl import gres_gpus, node_usable, parse_job, parse_sinfo
+from launcher.core.errors import LauncherError, RecipeError
+from launcher.job.recipe import recipe_from_mapping
 from tests.run.conftest import write_recipe
 
 GOLDEN_RECIPE = {
@@ -304,7 +304,7 @@ def test_bad_flags_name_the_flag(flags, message):
 
 def test_bad_recipe_block_names_the_key(tmp_path):
     path = write_recipe(tmp_path, slurm={"sbatch_args": ["--ntasks=4"]})
-    from launcher.recipe import load_recipe
+    from launcher.job.recipe import load_recipe
 
     with pytest.raises(RecipeError, match=r"slurm.sbatch_args: --ntasks is set by launch"):
         load_recipe(path)
@@ -490,7 +490,7 @@ def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, templ
 def test_run_on_all_gives_srun_only_the_sbatch_arguments_srun_takes():
     """`launch check/topo --slurm` run one srun: a recipe's --mail-type (sbatch's only) would
     make it fail, a --constraint must still place it. What srun takes is asked of srun."""
-    from launcher.backends.slurm import slurm_settings, srun_argv
+    from launcher.backends.slurm.backend import slurm_settings, srun_argv
 
     settings = slurm_settings(None, {"sbatch_args": ["--mail-type=END", "--constraint=a100",
                                                      "--qos=high"]})

@@ -18,8 +18,8 @@ from shutil import which
 import pytest
 import yaml
 
-from launcher.recipe import env_name_problem
-from launcher.sbatch_args import OWNED, TABLE, SbatchArgError, normalize, parse
+from launcher.job.recipe import env_name_problem
+from launcher.job.sbatch_args import OWNED, TABLE, SbatchArgError, normalize, parse
 from tests.run.hostile import Guard, check, run_cli
 
 pytestmark = pytest.mark.timeout(120)

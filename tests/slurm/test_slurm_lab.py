@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm_lab import slurm_lab_unavailable_reason
+from launcher.lab.slurm import slurm_lab_unavailable_reason
 from tests.run.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.lab import Lab, lab_unavailable_reason
+from launcher.lab.hosts import Lab, lab_unavailable_reason
 from tests.run.conftest import run_pids
 from train import mirror
 from train.mirror import FolderStore

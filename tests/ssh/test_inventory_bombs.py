@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from launcher.inventory_files import range_size
-from launcher.limits import MAX_NODES
+from launcher.cluster.inventory_files import range_size
+from launcher.core.limits import MAX_NODES
 from tests.conftest import launch_cmd
 from tests.run.hostile import Guard, check, run_cli
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.inventory import load_inventory
-from launcher.ssh import SshOptions, connect, remote
-from launcher.workdir import WorkdirError, scan_workdir
-from launcher.workdir_sync import NODE_SOURCE, ship_ssh
+from launcher.cluster.inventory import load_inventory
+from launcher.cluster.ssh import SshOptions, connect, remote
+from launcher.workdir.scan import WorkdirError, scan_workdir
+from launcher.workdir.sync import NODE_SOURCE, ship_ssh
 from tests.workdir.conftest import PROJECT, expected_tree, make_tree, tree_of
 
 pytestmark = pytest.mark.lab

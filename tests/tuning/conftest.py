@@ -21,7 +21,7 @@ def world_of_one():
 @pytest.fixture
 def capped_lab(tmp_path_factory):
     """Two lab hosts whose links are capped at 20 Mbit/s each way."""
-    from launcher.lab import Lab, lab_unavailable_reason
+    from launcher.lab.hosts import Lab, lab_unavailable_reason
 
     reason = lab_unavailable_reason()
     if reason:

@@ -7,8 +7,8 @@ import dataclasses
 
 import torch
 
-from launcher.plan import trainer_args
-from launcher.recipe import recipe_from_mapping
+from launcher.job.recipe import recipe_from_mapping
+from launcher.job.runplan import trainer_args
 from train.ddp import NEVER, DDPSettings, OneBucketAtATime, wrap_ddp
 from train.main import parse_args
 from train.model import build_vit

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from launcher import gitignore
-from launcher.workdir import GIT_REASON, scan_workdir
+from launcher.workdir import gitignore
+from launcher.workdir.scan import GIT_REASON, scan_workdir
 from tests.workdir.conftest import Link, git, git_shipped, make_tree, shipped
 
 # name -> tree; every tree holds the files both sides of each rule's edge.

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import LauncherError
-from launcher.workdir import WorkdirError, scan_workdir
+from launcher.core.errors import LauncherError
+from launcher.workdir.scan import WorkdirError, scan_workdir
 from tests.workdir.conftest import Link, make_tree, shipped
 
 
@@ -260,7 +260,7 @@ def test_hash_cache_never_hides_a_change(tmp_path, launch_home, monkeypatch):
         hashlib.sha256(b"y" * 50).hexdigest()
     # Hashed as if long after the last change: cached.
     later = time.time_ns() + 10 * 10**9
-    monkeypatch.setattr("launcher.workdir.time.time_ns", lambda: later)
+    monkeypatch.setattr("launcher.workdir.scan.time.time_ns", lambda: later)
     first = scan_workdir(root)
     (cache,) = (launch_home / "workdir-hashes").iterdir()
     assert set(json.loads(cache.read_text())) == {"a.bin", "b.bin"}

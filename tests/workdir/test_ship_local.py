@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import workdir_node as node
-from launcher.workdir import WorkdirError, scan_workdir
-from launcher.workdir_sync import ship_local
+from launcher.workdir import node
+from launcher.workdir.scan import WorkdirError, scan_workdir
+from launcher.workdir.sync import ship_local
 from tests.workdir.conftest import PROJECT, expected_tree, make_tree, tree_of
 
 
@@ -184,7 +184,7 @@ def test_a_proven_file_changed_after_the_scan_is_caught(project, tmp_path, monke
     """Files last changed long before the scan are sent as proven by their stat data (the
     node does not hash them again); one changed after the scan no longer is, and fails."""
     later = time.time_ns() + 10 * 10**9   # as if scanned long after the files were written
-    monkeypatch.setattr("launcher.workdir.time.time_ns", lambda: later)
+    monkeypatch.setattr("launcher.workdir.scan.time.time_ns", lambda: later)
     manifest = scan_workdir(project)
     monkeypatch.undo()
     assert set(manifest.proven) == {e.path for e in manifest.entries if e.kind == "file"}

@@ -1,0 +1,1 @@
+"""The local backend: every node a process group on this machine."""

@@ -1,0 +1,298 @@
+"""Node agents on remote hosts over SSH (fabric): ship the code, start in its own session,
+stream, signal by recorded process group, fetch the node's files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import queue
+import signal as signals
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fabric import Connection
+
+from launcher.cluster.inventory import Node
+from launcher.cluster.ssh import SshOptions, connect, remote
+from launcher.core import safefile
+from launcher.core.errors import LauncherError
+from launcher.execute.prepare import SetupLog, in_parallel_or_raise
+from launcher.job.runplan import NodeCommand, RunPlan
+from launcher.job.setup import setup_argv, setup_key
+from launcher.runs.folder import STAMP_ENV
+from launcher.runs.logs import LineSink
+
+PGID_FILE = "launch.pgid"
+# Runs in the node's folder (the job's workdir, or the node's run folder) as its own session
+# leader (setsid), so $$ is the process group id every process of the node agent shares;
+# recorded (in a file named by a path from there) before torchrun replaces it. $3: a folder
+# to put first on PATH (the node's interpreter's: its pip, torchrun, deepspeed); $4: a folder
+# the job finds made (LAUNCH_CHECKPOINT_DIR), or "".
+# The watchdog holds the SSH session's stdin, which only ends when the session does: if
+# launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
+# (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
+# log threads) instead of leaving the node training unsupervised. When the agent ends first,
+# the watchdog finds it gone and leaves at once.
+START_SCRIPT = """cd "$1" || exit 97
+echo $$ > "$2"
+if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
+if [ -n "$4" ]; then mkdir -p "$4" || exit 97; fi
+shift 4
+exec 3<&0
+(
+  trap '' TERM
+  while read -r _; do :; done
+  kill -0 $$ 2>/dev/null || exit 0
+  kill -s TERM -- -$$ 2>/dev/null
+  sleep 3
+  kill -s KILL -- -$$ 2>/dev/null
+) <&3 >/dev/null 2>&1 &
+exec "$@" </dev/null 3<&-
+"""
+SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
+def code_files(code_dir: Path) -> list[str]:
+    """What every node gets: the trainer package (relative paths, sorted)."""
+    return sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
+
+
+def content_hash(base: Path, files: list[str]) -> str:
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(rel.encode() + b"\0")
+        digest.update((base / rel).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def upload(conn: Connection, node_dir: str, code_dir: Path, files: list[str],
+           recipe_file: Path | None) -> None:
+    """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml): one mkdir
+    and one SFTP session (the probe then hashes what arrived)."""
+    remote_code = posixpath.join(node_dir, "code")
+    dirs = sorted({posixpath.join(remote_code, posixpath.dirname(f)) for f in files})
+    conn.run(remote("mkdir", "-p", node_dir, *dirs), hide=True, in_stream=False)
+    sftp = conn.sftp()
+    for rel in files:
+        sftp.put(str(code_dir / rel), posixpath.join(remote_code, rel))
+    if recipe_file is not None:
+        sftp.put(str(recipe_file), posixpath.join(node_dir, "recipe.yml"))
+
+
+def remove_tree(conn: Connection, node_dir: str) -> None:
+    """Remove what upload() put on the node (its run folder, and the run's folder when that
+    leaves it empty): preflight failed, nothing of the run may stay."""
+    parent = posixpath.dirname(node_dir.rstrip("/"))
+    conn.run(remote("sh", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; exit 0', "rm",
+                    node_dir, parent), hide=True, warn=True, in_stream=False, timeout=60)
+
+
+class SshNodeProcess:
+    """One node agent over SSH. `start()` may be called again after it ended (a restart): each
+    start has its own output queue, so the previous start's reader drains its own lines and
+    ends; a connection that dropped is opened again."""
+
+    def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
+                 stamp: str, label: str | None = None):
+        self.name = command.name
+        self.command, self.node, self.conn, self.options = command, node, conn, options
+        self.stamp, self.label = stamp, label
+        # Each process launch starts in the node's folder records its own process group.
+        # In the node's own run folder (relative paths: from its cwd), never the workdir, which
+        # nodes on a shared filesystem share.
+        self.pgid_path = posixpath.join(command.run_dir or ".",
+                                        f"launch-{label}.pgid" if label else PGID_FILE)
+        self.promise = None
+        self.exit_code: int | None = None
+        self._reconnected: list[Connection] = []
+        # Restarts of the run before this start of the node (launch restarted it): added to
+        # the plan's LAUNCH_ATTEMPT.
+        self.attempt_offset = 0
+        self._new_output()
+
+    def _new_output(self) -> None:
+        self._lines: queue.Queue = queue.Queue()
+        self._out = LineSink(self._lines.put)
+        self._err = LineSink(self._lines.put)
+
+    def connection(self) -> Connection:
+        """The node's connection, a new one if it dropped (restarts, probes, fetching)."""
+        transport = self.conn.client.get_transport() if self.conn.client else None
+        if transport is None or not transport.is_active():
+            self.conn = connect(self.node, self.options)
+            self._reconnected.append(self.conn)
+        return self.conn
+
+    def start(self) -> None:
+        if self.promise is not None:  # a restart: fresh output, fresh exit status
+            self._new_output()
+            self.exit_code = None
+        values = {**self.command.env, STAMP_ENV: self.stamp}
+        if self.attempt_offset:
+            values["LAUNCH_ATTEMPT"] = str(int(values.get("LAUNCH_ATTEMPT", "0"))
+                                           + self.attempt_offset)
+        env = [f"{k}={v}" for k, v in values.items()]
+        line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
+                      self.command.cwd or ".", self.pgid_path,
+                      posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
+                      values.get("LAUNCH_CHECKPOINT_DIR", ""),
+                      "env", *env, *self.command.argv)
+        self.promise = self.connection().run(
+            line, asynchronous=True, hide=True, warn=True, pty=False, in_stream=False,
+            out_stream=self._out, err_stream=self._err)
+
+    def lines(self) -> Iterator[str]:
+        # This start's queue and sinks: a restart replaces them for the next reader.
+        lines, out, err, promise = self._lines, self._out, self._err, self.promise
+        while True:
+            try:
+                yield lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.exit_code is not None or self.promise is not promise:
+                    out.close()
+                    err.close()
+                    while not lines.empty():
+                        yield lines.get()
+                    return
+
+    def poll(self) -> int | None:
+        if self.exit_code is not None or self.promise is None:
+            return self.exit_code
+        transport = self.conn.client.get_transport()
+        if self.promise.runner.process_is_finished:
+            try:
+                result = self.promise.join()
+                code = result.exited
+            except Exception as err:  # the channel died under fabric's feet
+                self._lines.put(f"[launch] SSH session to {self.node.address} failed: {err}")
+                code = 255
+            # paramiko reports -1 when the channel closed without an exit status.
+            self.exit_code = 255 if code in (-1, None) else code
+        elif transport is None or not transport.is_active():
+            self._lines.put(f"[launch] SSH connection to {self.node.address} dropped")
+            self.exit_code = 255
+        return self.exit_code
+
+    def signal(self, sig: int) -> None:
+        """Signal the node's process group by the id it recorded: never by name."""
+        name = signals.Signals(sig).name.removeprefix("SIG")
+        pgid_file = posixpath.join(self.command.cwd or ".", self.pgid_path)
+        line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
+        for attempt in range(2):
+            try:
+                # Never self.conn.run on a dropped connection: fabric would reopen it under the
+                # SFTP client it cached, and fetching the node's files later would fail.
+                conn = self.connection() if attempt == 0 else connect(self.node, self.options)
+                conn.run(line, hide=True, warn=True, in_stream=False, timeout=15)
+                if attempt:
+                    conn.close()
+                return
+            except Exception:  # the session's connection may be the thing that broke
+                continue
+
+    # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
+    def _probe(self, *args: str, timeout: float) -> Any:
+        """train/node_probe.py on the node, with the node's Python, in the node's folder."""
+        line = remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
+                      self.command.cwd or ".", *self.command.probe, *args)
+        result = self.connection().run(line, hide=True, warn=True, in_stream=False,
+                                        timeout=timeout)
+        if result.exited != 0:
+            raise LauncherError(f"node probe on {self.node.address} exited {result.exited}: "
+                                f"{result.stderr.strip()[-300:]}")
+        return json.loads(result.stdout)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return self._probe("heartbeats", self.command.run_dir, timeout=15)
+
+    def activity(self) -> dict[str, Any]:
+        return self._probe("activity", self.command.run_dir, "--stamp", self.stamp,
+                           "--node", self.name, timeout=15)
+
+    def dump_ranks(self, timeout: float) -> dict[str, Any]:
+        return self._probe("dump", self.command.run_dir, "--stamp", self.stamp, "--timeout",
+                           f"{timeout:g}", "--node", self.name, timeout=3 * timeout + 15)
+
+    def kill_ranks(self, pids: list[int]) -> dict[str, Any]:
+        return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
+
+    def reap(self) -> dict[str, Any]:
+        """Every process of the run still on the node, killed (after its agent ended)."""
+        return self._probe("reap", "--stamp", self.stamp, "--node", self.name, timeout=30)
+
+    def close(self) -> None:
+        """Connections this process opened again (the original belongs to the backend)."""
+        for conn in self._reconnected:
+            conn.close()
+        self._reconnected = []
+
+
+def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
+               skip: tuple[str, ...] = ("code",)) -> list[Path]:
+    """Copy a remote folder (all but `skip`) into local_dir; returns the files written."""
+    sftp = conn.sftp()
+    written = []
+
+    def walk(rdir: str, ldir: Path):
+        for entry in sftp.listdir_attr(rdir):
+            rpath = posixpath.join(rdir, entry.filename)
+            if rdir == remote_dir and entry.filename in skip:
+                continue
+            if "/" in entry.filename or entry.filename in ("", ".", ".."):
+                continue   # a name no file has: it would leave the node's folder
+            if stat.S_ISDIR(entry.st_mode or 0):
+                walk(rpath, ldir / entry.filename)
+            elif stat.S_ISREG(entry.st_mode or 0):
+                # Into the run folder with no link there followed (launcher/core/safefile.py):
+                # <runs>/<run id>/<node>/... is below the runs folder.
+                safefile.write_with(ldir / entry.filename, lambda f: sftp.getfo(rpath, f),
+                                    within=local_dir.parent.parent)
+                written.append(ldir / entry.filename)
+
+    try:
+        walk(remote_dir, local_dir)
+    except OSError as err:
+        raise LauncherError(f"could not fetch {remote_dir} from {conn.host}: {err}") from None
+    return written
+
+
+def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
+    """What an SSH run does before its job, the workdir being shipped by preflight already:
+    setup on every node at once, over the node's connection, started like a node agent (its
+    own session, ended with the connection: START_SCRIPT above)."""
+    job = plan.job
+    if not job.setup:
+        return None
+
+    key = setup_key(manifest.digest if manifest is not None else None, job.setup)
+    commands = {c.name: c for c in plan.nodes}
+
+    def prepare(router, notify: Callable[[str], None], folder) -> None:
+        def one(name: str) -> None:
+            command, proc = commands[name], procs[name]
+            log = SetupLog(folder.node_dir(name), name, router.line)
+            env = {**command.env, STAMP_ENV: folder.stamp}
+            line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-setup",
+                          command.cwd or ".", posixpath.join(command.run_dir,
+                                                             "launch-setup.pgid"),
+                          posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
+                          env.get("LAUNCH_CHECKPOINT_DIR", ""),
+                          "env", *[f"{k}={v}" for k, v in env.items()],
+                          *setup_argv(key, job.setup))
+            out, err = LineSink(log.line), LineSink(log.line)
+            try:
+                result = proc.connection().run(line, hide=True, warn=True, pty=False,
+                                               in_stream=False, out_stream=out,
+                                               err_stream=err)
+                out.close()
+                err.close()
+                if result.exited != 0:
+                    raise log.failure(result.exited)
+            finally:
+                log.close()
+
+        notify(f"setup on {len(commands)} node(s): {len(job.setup)} command(s)")
+        in_parallel_or_raise(one, commands)
+
+    return prepare

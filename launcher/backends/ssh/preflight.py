@@ -1,0 +1,362 @@
+"""Preflight: check every node before any rank starts, in parallel, and report all problems.
+
+SSH reachable with the inventory's key, host key known (or recorded when asked), the node's
+interpreter has torch (version, CUDA, GPU count), versions agree across nodes, the recipe's
+processes fit the GPUs, the private address is the node's own, the rendezvous port is free on
+the head, and the code launch shipped arrived intact.
+
+One round trip of work per node: the code is uploaded first (into the run's folder on the
+node, removed again if preflight fails), then one probe reports the facts and the hash of what
+arrived. The probe imports torch only when its cached facts no longer fit (measured on the
+8-host lab: the probe's torch import was most of launch's overhead over a bare ssh fan-out).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fabric import Connection
+
+from launcher.cluster.inventory import Node
+from launcher.cluster.ssh import HostProblem, SshOptions, connect, remote
+from launcher.core.errors import LauncherError
+from launcher.job.recipe import Recipe, check_recipe_for_hardware
+
+# Runs on the node with its own interpreter; argv: one JSON object: the private address, the
+# port to test (0: none), the node's env file (what `launch setup`, role efa, writes for NCCL
+# on EFA nodes: KEY=VALUE lines, no expansion; LD_LIBRARY_PATH goes in front of the node's
+# own), the shipped code folder and its files to hash (none: no hash), and what the job needs
+# there (its script, module or command, looked for as the job will: in its workdir, on its
+# PYTHONPATH, on PATH with the interpreter's folder first). It also reports the login folder
+# (`home`): the plan's paths on the node are made absolute from it.
+#
+# torch's facts (version, CUDA build, GPUs it sees) cost a torch import, ~1.5 s of CPU. They are
+# cached in ~/.cache/launch/torch-facts.json under a key of everything that could change them:
+# the interpreter, torch's installed version and its folder's mtime, the NVIDIA driver's
+# version, the GPU devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
+PROBE = r"""
+import hashlib, json, os, shutil, socket, subprocess, sys
+args = json.loads(sys.argv[1])
+addr, port, env_file = args["addr"], int(args["port"]), args["env_file"]
+code_dir, files = args.get("code_dir"), args.get("files") or []
+out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
+       "home": os.getcwd()}
+env = {}
+try:
+    with open(env_file) as f:
+        for line in f:
+            key, sep, value = line.strip().partition("=")
+            if sep and key and not key.startswith("#"):
+                env[key] = value
+except OSError:
+    pass
+if env.get("LD_LIBRARY_PATH") and os.environ.get("LD_LIBRARY_PATH"):
+    env["LD_LIBRARY_PATH"] += ":" + os.environ["LD_LIBRARY_PATH"]
+out["env"] = env
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+def torch_facts():
+    import importlib.metadata, importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"torch_error": "ModuleNotFoundError: No module named 'torch'"}
+    folder = list(spec.submodule_search_locations)[0]
+    try:
+        gpus_dir = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus_dir = []
+    key = json.dumps([sys.executable, importlib.metadata.version("torch"),
+                      os.stat(folder).st_mtime_ns, read("/proc/driver/nvidia/version"),
+                      gpus_dir, os.environ.get("CUDA_VISIBLE_DEVICES")])
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "launch", "torch-facts.json")
+    try:
+        with open(cache) as f:
+            cached = json.load(f)
+        if cached.get(key):
+            return dict(cached[key], cached=True)
+    except (OSError, ValueError, AttributeError):
+        cached = {}
+    try:
+        import torch
+        facts = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                 "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    except Exception as err:
+        return {"torch_error": f"{type(err).__name__}: {err}"}
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        if not isinstance(cached, dict):
+            cached = {}
+        cached[key] = facts
+        with open(cache + ".tmp", "w") as f:
+            json.dump(cached, f)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass
+    return facts
+
+out.update(torch_facts())
+try:
+    listing = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    out["addresses"] = []
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[2] in ("inet", "inet6"):
+            ip = parts[3].split("/")[0]
+            out["addresses"].append(ip)
+            if ip == addr:
+                out["interface"] = parts[1].split("@")[0]
+except OSError:
+    pass
+if port:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the rendezvous store binds: connections of a run that just ended (TIME_WAIT)
+        # do not make the port busy, a process listening on it does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+            out["port_free"] = True
+        except OSError as err:
+            out["port_free"] = False
+            out["port_error"] = err.strerror
+if code_dir is not None:
+    digest = hashlib.sha256()
+    try:
+        for rel in files:
+            digest.update(rel.encode() + b"\0")
+            with open(os.path.join(code_dir, rel), "rb") as f:
+                digest.update(f.read() + b"\0")
+        out["code_sha256"] = digest.hexdigest()
+    except OSError as err:
+        out["code_error"] = str(err)
+job = args.get("job")
+if job:
+    cwd = job.get("cwd") or os.getcwd()
+    problem = None
+    if job.get("script"):
+        path = os.path.join(cwd, job["script"])
+        if not os.path.isfile(path):
+            problem = f"job.script {job['script']}: no such file " + (
+                "on the node" if job["script"].startswith("/") else f"in the workdir ({cwd})")
+    elif job.get("module"):
+        import importlib.util
+        top = job["module"].split(".")[0]
+        extra = [os.path.join(cwd, p) for p in (job.get("pythonpath") or "").split(":") if p]
+        sys.path[:0] = [cwd, *extra]
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            problem = (f"job.module {job['module']}: no module or package {top} in the workdir "
+                       f"({cwd}), on the recipe's PYTHONPATH nor in {sys.executable}")
+    elif job.get("command"):
+        prog = job["command"]
+        if "/" in prog:
+            path = os.path.join(cwd, prog)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                problem = f"job.command {prog}: no executable file {path} on the node"
+        else:
+            where = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+            if shutil.which(prog, path=where) is None:
+                problem = (f"job.command {prog}: not found on the node (PATH {where}); install "
+                           "it in the node's environment, e.g. with setup:")
+    if problem:
+        out["job_error"] = problem
+print("LAUNCH-PROBE " + json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    torch: str
+    cuda: str | None
+    gpus: int
+    cpus: int
+    interface: str | None
+    hostname: str
+    env: dict[str, str]          # from NODE_ENV_FILE (EFA/libfabric settings), else empty
+    home: str | None = None      # the login folder: relative paths on the node start there
+    shipped: object = None       # what shipping the workdir sent (launcher/workdir/sync.py)
+
+
+class PreflightFailed(LauncherError):
+    def __init__(self, problems: list[HostProblem]):
+        self.problems = problems
+        lines = [f"preflight found {len(problems)} problem(s); nothing was started:"]
+        lines += [f"  {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+def probe(conn: Connection, node: Node, port: int,
+          code: tuple[str, list[str]] | None = None, job: dict | None = None) -> dict:
+    args: dict = {"addr": node.private_address, "port": port, "env_file": node.env_file}
+    if code:
+        args.update(code_dir=code[0], files=code[1])
+    if job:
+        args["job"] = job
+    result = conn.run(remote(node.python, "-c", PROBE, json.dumps(args)),
+                      hide=True, warn=True, in_stream=False, timeout=120)
+    for line in result.stdout.splitlines():
+        if line.startswith("LAUNCH-PROBE "):
+            return json.loads(line.removeprefix("LAUNCH-PROBE "))
+    detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+    if result.exited == 127:
+        raise HostProblem(node.name, f"interpreter {node.python} (launch_python) not found: "
+                                     "run `launch setup` or set launch_python")
+    raise HostProblem(node.name, f"{node.python} failed to run the probe (exit {result.exited}): "
+                                 f"{detail[0]}")
+
+
+def check_node(node: Node, facts: dict, is_head: bool, port: int,
+               code_hash: str | None = None) -> list[HostProblem]:
+    problems = []
+    if facts.get("job_error"):
+        problems.append(HostProblem(node.name, facts["job_error"]))
+    if code_hash is not None and facts.get("code_sha256") != code_hash:
+        got = facts.get("code_sha256") or facts.get("code_error") or "(nothing)"
+        problems.append(HostProblem(node.name, f"the code on the node hashes to {got[:40]}, "
+                                               f"launch's copy to {code_hash[:12]}: the copy "
+                                               "did not arrive intact (disk full?)"))
+    if "torch_error" in facts:
+        problems.append(HostProblem(node.name, f"{node.python} cannot import torch "
+                                               f"({facts['torch_error']}): run `launch setup` or "
+                                               "point launch_python at an interpreter with torch"))
+    if node.gpus is not None and facts.get("gpus", 0) < node.gpus:
+        problems.append(HostProblem(node.name, f"the inventory says gpus: {node.gpus} but torch "
+                                               f"sees {facts.get('gpus', 0)}: check the driver "
+                                               "(nvidia-smi) or fix the inventory"))
+    if "interface" not in facts and "addresses" in facts:
+        problems.append(HostProblem(node.name, f"private_ip {node.private_address} is not an "
+                                               f"address of this host (it has "
+                                               f"{', '.join(facts['addresses'])}): fix private_ip"))
+    if is_head and port and facts.get("port_free") is False:
+        problems.append(HostProblem(node.name, f"rendezvous port {port} on "
+                                               f"{node.private_address} is in use "
+                                               f"({facts.get('port_error')}): another run? pass "
+                                               "--rdzv-port or change rendezvous.port"))
+    return problems
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What preflight uploads to every node before probing it: the code (relative `files` of
+    `local_dir`) into `<remote_dir(node)>/code`, and the recipe file beside it."""
+
+    local_dir: object            # pathlib.Path of the folder holding train/
+    files: list[str]
+    sha256: str
+    remote_dir: Callable[[Node], str]
+    recipe_file: object = None   # pathlib.Path or None
+    # A new run's folder goes again when preflight fails; a resumed run's holds its
+    # checkpoints and earlier logs, and stays.
+    remove_on_failure: bool = True
+    # The job (launcher/job/spec.py Job), its workdir's manifest (launcher/workdir/scan.py) and where a
+    # node keeps its shipped copy: shipped before the probe, which then looks for the job's
+    # script, module or command there.
+    job: object = None
+    workdir: object = None
+    node_workdir: Callable[[Node], str | None] = lambda node: None
+
+
+def job_check(job, workdir: str | None, recipe: Recipe) -> dict | None:
+    """What the probe looks for on a node before the job may start."""
+    if job is None or job.kind == "trainer":
+        return None
+    check: dict = {"cwd": workdir, "pythonpath": recipe.env_strings().get("PYTHONPATH", "")}
+    if job.kind == "command":
+        check["command"] = job.args[0]
+    else:
+        check[job.kind] = job.target
+    return check
+
+
+def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
+              shipment: Shipment | None = None
+              ) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
+    """Open a connection to every node, upload the shipment, check the node and what arrived.
+    Raises PreflightFailed with every problem of every node (and removes what was uploaded);
+    on success the connections stay open for the run."""
+    from launcher.backends.ssh.agent import remove_tree, upload
+    from launcher.execute.backend import in_parallel
+
+    conns: dict[str, Connection] = {}
+    raw: dict[str, dict] = {}
+    shipped: dict[str, object] = {}
+    problems: list[HostProblem] = []
+    by_name = {n.name: n for n in nodes}
+
+    def one(name: str):
+        node = by_name[name]
+        conn = connect(node, options)
+        conns[name] = conn
+        code = job = None
+        if shipment is not None:
+            where = shipment.remote_dir(node)
+            upload(conn, where, shipment.local_dir, shipment.files, shipment.recipe_file)
+            code = (posixpath.join(where, "code"), shipment.files)
+            workdir = shipment.node_workdir(node)
+            if shipment.workdir is not None and workdir:
+                from launcher.workdir.sync import ship_ssh
+
+                try:
+                    stats = ship_ssh(conn, shipment.workdir, workdir, python=node.python)
+                except LauncherError as err:
+                    raise HostProblem(node.name, f"the workdir could not be shipped: {err}"
+                                      ) from None
+                shipped[name] = stats
+                workdir = stats.dest
+            job = job_check(shipment.job, workdir, recipe)
+        raw[name] = probe(conn, node, rdzv_port if node is nodes[0] else 0, code, job)
+
+    answers = in_parallel(one, list(by_name))
+    expected = shipment.sha256 if shipment else None
+    for node in nodes:
+        err = answers[node.name]
+        if isinstance(err, HostProblem):
+            problems.append(err)
+        elif isinstance(err, Exception):
+            problems.append(HostProblem(node.name, f"preflight failed: {err}"))
+        else:
+            problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port, expected)
+    versions = {raw[n]["torch"] for n in raw if "torch" in raw[n]}
+    if len(versions) > 1:
+        per_host = ", ".join(f"{n}: {raw[n]['torch']}" for n in raw if "torch" in raw[n])
+        problems.append(HostProblem("(all)", f"torch versions differ between nodes ({per_host}); "
+                                             "install one version everywhere"))
+    if not problems:
+        try:
+            check_recipe_for_hardware(recipe, [raw[n.name].get("gpus", 0) for n in nodes])
+        except LauncherError as err:
+            problems.append(HostProblem("(all)", str(err)))
+    if problems:
+        if shipment is not None and shipment.remove_on_failure:
+            in_parallel(lambda name: remove_tree(conns[name], shipment.remote_dir(by_name[name])),
+                        list(conns))
+        close_all(conns)
+        raise PreflightFailed(problems)
+    facts = {
+        name: NodeFacts(torch=f["torch"], cuda=f.get("cuda"), gpus=f.get("gpus", 0),
+                        cpus=f.get("cpus") or 1, interface=f.get("interface"),
+                        hostname=f.get("hostname", name), env=f.get("env") or {},
+                        home=f.get("home"), shipped=shipped.get(name))
+        for name, f in raw.items()
+    }
+    return conns, facts
+
+
+def close_all(conns: dict[str, Connection]) -> None:
+    for conn in conns.values():
+        try:
+            conn.close()
+        except Exception:  # closing is best effort; the run's outcome is already decided
+            pass

@@ -1,0 +1,37 @@
+"""$LAUNCH_HOME (default ~/.launch): what launch keeps on this machine between commands.
+
+    $LAUNCH_HOME/clusters/<cluster>/   ledger.json, inventory.yml, facts/<host>.json
+    $LAUNCH_HOME/setup/<stamp>-*/      one ansible-runner folder per `launch setup`
+    $LAUNCH_HOME/workdir-hashes/       per scanned folder, its files' sha256 by stat data
+                                       (launcher/workdir/scan.py)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def launch_home() -> Path:
+    return Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch")
+
+
+def cluster_dir(cluster: str, home: Path | None = None) -> Path:
+    return (home or launch_home()) / "clusters" / cluster
+
+
+def cluster_inventory(cluster: str) -> Path:
+    """The inventory `launch provision` wrote for the cluster (what --cluster NAME reads)."""
+    return cluster_dir(cluster) / "inventory.yml"
+
+
+def inventory_for(cluster: str) -> Path:
+    """`--cluster NAME` of any command: the cluster's inventory, which must be there."""
+    from launcher.core.errors import LauncherError
+    from launcher.core.names import path_component
+
+    path = cluster_inventory(path_component(cluster, "--cluster"))
+    if not path.is_file():
+        raise LauncherError(f"--cluster {cluster}: no inventory at {path}; `launch provision "
+                            f"--cluster {cluster}` writes it (or pass -i)")
+    return path

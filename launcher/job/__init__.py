@@ -1,0 +1,1 @@
+"""What to run, as the user wrote it and as launch plans it: the recipe, a user's own job, its setup steps, the run plan (pure), torchrun's command line, checkpoint mirrors, spot watchers, Slurm's option table."""
