@@ -72,8 +72,14 @@ def installed(tmp_path_factory):
     # Built from a clean copy: setuptools reuses a stale build/ in the source folder, which
     # could put files the checkout no longer has into the wheel (or hide a missing one).
     source = root / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".cache"))
+    anywhere = shutil.ignore_patterns("*.egg-info", "__pycache__", ".pytest_cache")
+
+    def leave_out(folder: str, names: list[str]) -> set[str]:
+        # runs/, build/, .venv/: only the checkout's own (launcher/runs/ is a package).
+        top = {".git", ".venv", "runs", "build", ".cache"} if Path(folder) == REPO else set()
+        return anywhere(folder, names) | (top & set(names))
+
+    shutil.copytree(REPO, source, ignore=leave_out)
     env = _outside_env()
     wheels = root / "dist"
     _step([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels),
