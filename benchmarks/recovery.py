@@ -194,9 +194,15 @@ def recovery_row(lab: Lab, interval: int, steps: int, kill_at: int, runs: Path, 
         "split_s": None if killed_at is None else restart_split(display, killed_at),
         "launch_saw_failure_to_first_step_s": restart["recovered_in_s"],
         "checkpoint_load_s": restart["checkpoint_load_s"],
-        "step_time_s": summary["step_time_s"],
-        "accuracy": summary["eval_accuracy"],
+        **trainer_facts(summary, runs / run_id),
     }
+
+
+def trainer_facts(summary: dict, folder: Path) -> dict:
+    """The median step and the accuracy, from rank 0's result.json (the summary keeps only
+    some of the trainer's facts)."""
+    result = json.loads((folder / summary["rank0_node"] / "result.json").read_text())
+    return {"step_time_s": result["step_time_s"], "accuracy": result["eval_accuracy"]}
 
 
 def cost_row(lab: Lab, name: str, steps: int, checkpoint: dict | None, runs: Path, port: int,
@@ -306,8 +312,7 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
         "restart_s": round(back - noticed - recovery["recovered_in_s"], 3),
         "relaunch_to_resumed_line_s": round(display.resumed_at - display.attempts[1], 3),
         "replacement": recovery["replacement"],
-        "step_time_s": summary["step_time_s"],
-        "accuracy": summary["eval_accuracy"],
+        **trainer_facts(summary, runs / run_id),
     }
 
 
