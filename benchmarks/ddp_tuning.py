@@ -1,12 +1,18 @@
 """Does the DDP tuning pay? The same ViT recipe on the digits set, trained on a 2-host lab
-cluster (SSH hosts in network namespaces) in five DDP variants, on a free link and on a link
-capped with tc so that plain DDP spends most of its time communicating.
+cluster (SSH hosts in network namespaces) in several DDP variants, on a free link and on a
+link capped with tc so that plain DDP spends most of its time communicating.
 
     variants: default         plain DDP(model)
               tuned           static_graph, gradient_as_bucket_view, bucket_cap_mb 5
               tuned+fp16      tuned + fp16 gradient compression
-              tuned+powersgd  tuned + PowerSGD rank 4 (10 plain warm-up steps)
+              tuned+powersgd  tuned + PowerSGD rank 4 (10 plain warm-up steps), launch's hook
+                              (train/powersgd.py: bf16 on the wire, two all-reduces a bucket)
+              tuned+powersgd-torch    the same with torch's powerSGD_hook, fp32 on the wire
+              tuned+powersgd-b25      launch's hook with 25 MB buckets
+              tuned+powersgd-r2       launch's hook at rank 2
               auto            comm_hook: auto, bucket_cap_mb: auto (measured by the trainer)
+
+The last line compares the capped link's best variant with the free link's default.
 
 Every variant sees the same seed and the same samples. Reported per variant: images/s
 (median over steps after warm-up), step time, bytes sent per step per host (from the host's
@@ -16,7 +22,8 @@ compare`'s (launcher/compare.py) of each regime's run folders, ratios against `d
 
 Needs root. Prints a table, writes benchmarks/results/ddp_tuning.json and ddp_tuning.png.
 
-    .venv/bin/python benchmarks/ddp_tuning.py [--cap 100mbit] [--epochs 15]   # ~25 min on 2 cores
+    .venv/bin/python benchmarks/ddp_tuning.py [--cap 100mbit] [--epochs 15]   # ~35 min on 2 cores
+        [--variants ...] [--skip capped/default ...]
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ VARIANTS = {
     "tuned+fp16": {**TUNED, "comm_hook": "fp16"},
     "tuned+powersgd": {**TUNED, "comm_hook": "powersgd",
                        "powersgd": {"rank": 4, "start_iter": 10}},
+    # What else was tried for the capped link (benchmarks/README.md): fewer, larger buckets
+    # (fewer hook chains, less overlap with backward); rank 2 (half of the factors' work).
+    "tuned+powersgd-b25": {**TUNED, "bucket_cap_mb": 25, "comm_hook": "powersgd",
+                           "powersgd": {"rank": 4, "start_iter": 10}},
+    "tuned+powersgd-r2": {**TUNED, "comm_hook": "powersgd",
+                          "powersgd": {"rank": 2, "start_iter": 10}},
     # torch's own powerSGD_hook, fp32 on the wire: what train/powersgd.py is measured against.
     "tuned+powersgd-torch": {**TUNED, "comm_hook": "powersgd",
                              "powersgd": {"rank": 4, "start_iter": 10, "hook": "torch",
