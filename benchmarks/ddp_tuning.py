@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -195,6 +197,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"regimes": results, "link_cap": args.cap,
+                               "load": os.getloadavg(),
+                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "model": "vit_tiny (12 blocks, width 192, 5.3 M params), "
                                         f"digits 8x8, patch 4, batch 32 per rank, "
                                         f"{args.epochs:g} epochs, 2 lab hosts x 1 rank"},
