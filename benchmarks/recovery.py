@@ -111,12 +111,12 @@ class TimedDisplay(PlainDisplay):
 
 # A restart's milestones, in order, as the lines that mark them (the last rank's line counts):
 # torchrun's agent saw its worker die; the new workers started (train/worker.py, before they
-# import torch); their process group formed (train/main.py); the keeper loaded the checkpoint;
-# the first step since the restart ended.
+# import torch); their process group formed (train/main.py); the keeper built the data, model
+# and DDP and loaded the checkpoint; the first step since the restart ended.
 RESTART_MARKS = (("detect", "failed (exitcode:"),
                  ("stop + agents' rendezvous", "launch: worker rank"),
                  ("worker start + process group", ": backend "),
-                 ("checkpoint load", "resumed from checkpoint step"),
+                 ("data, model, DDP + checkpoint load", "resumed from checkpoint step"),
                  ("first step", "first step since the restart"))
 
 
