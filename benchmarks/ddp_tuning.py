@@ -1,12 +1,18 @@
 """Does the DDP tuning pay? The same ViT recipe on the digits set, trained on a 2-host lab
-cluster (SSH hosts in network namespaces) in five DDP variants, on a free link and on a link
-capped with tc so that plain DDP spends most of its time communicating.
+cluster (SSH hosts in network namespaces) in several DDP variants, on a free link and on a
+link capped with tc so that plain DDP spends most of its time communicating.
 
     variants: default         plain DDP(model)
               tuned           static_graph, gradient_as_bucket_view, bucket_cap_mb 5
               tuned+fp16      tuned + fp16 gradient compression
-              tuned+powersgd  tuned + PowerSGD rank 4 (10 plain warm-up steps)
+              tuned+powersgd  tuned + PowerSGD rank 4 (10 plain warm-up steps), launch's hook
+                              (train/powersgd.py: bf16 on the wire, two all-reduces a bucket)
+              tuned+powersgd-torch    the same with torch's powerSGD_hook, fp32 on the wire
+              tuned+powersgd-b25      launch's hook with 25 MB buckets
+              tuned+powersgd-r2       launch's hook at rank 2
               auto            comm_hook: auto, bucket_cap_mb: auto (measured by the trainer)
+
+The last line compares the capped link's best variant with the free link's default.
 
 Every variant sees the same seed and the same samples. Reported per variant: images/s
 (median over steps after warm-up), step time, bytes sent per step per host (from the host's
@@ -16,15 +22,18 @@ compare`'s (launcher/report/compare.py) of each regime's run folders, ratios aga
 
 Needs root. Prints a table, writes benchmarks/results/ddp_tuning.json and ddp_tuning.png.
 
-    .venv/bin/python benchmarks/ddp_tuning.py [--cap 100mbit] [--epochs 15]   # ~25 min on 2 cores
+    .venv/bin/python benchmarks/ddp_tuning.py [--cap 100mbit] [--epochs 15]   # ~35 min on 2 cores
+        [--variants ...] [--skip capped/default ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -49,6 +58,16 @@ VARIANTS = {
     "tuned+fp16": {**TUNED, "comm_hook": "fp16"},
     "tuned+powersgd": {**TUNED, "comm_hook": "powersgd",
                        "powersgd": {"rank": 4, "start_iter": 10}},
+    # What else was tried for the capped link (benchmarks/README.md): fewer, larger buckets
+    # (fewer hook chains, less overlap with backward); rank 2 (half of the factors' work).
+    "tuned+powersgd-b25": {**TUNED, "bucket_cap_mb": 25, "comm_hook": "powersgd",
+                           "powersgd": {"rank": 4, "start_iter": 10}},
+    "tuned+powersgd-r2": {**TUNED, "comm_hook": "powersgd",
+                          "powersgd": {"rank": 2, "start_iter": 10}},
+    # torch's own powerSGD_hook, fp32 on the wire: what train/powersgd.py is measured against.
+    "tuned+powersgd-torch": {**TUNED, "comm_hook": "powersgd",
+                             "powersgd": {"rank": 4, "start_iter": 10, "hook": "torch",
+                                          "wire": "fp32"}},
     "auto": {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": "auto",
              "comm_hook": "auto", "powersgd": {"rank": 4}},
 }
@@ -101,15 +120,22 @@ def print_table(results: dict, folders: dict[str, dict[str, Path]], cap: str) ->
         print(f"{regime} link:")
         print(variant_table(by_variant))
     for regime, rows in results.items():
-        d = rows["default"]
-        if d["compute_s"]:
+        d = rows.get("default")
+        if d and d["compute_s"]:
             print(f"{regime}: default spends {d['comm_s']:.3f}s waiting on communication per "
                   f"step against {d['compute_s']:.3f}s of compute "
                   f"({d['comm_s'] / d['compute_s']:.1f}x)")
-        auto = rows["auto"].get("auto")
+        auto = rows["auto"].get("auto") if "auto" in rows else None
         if auto:
             print(f"{regime}: auto chose {auto['choice']} at step {auto['decided_at_step']}: "
                   f"{auto['reason']}; bucket_cap_mb {rows['auto']['bucket_cap_mb']}")
+    free = results.get("free", {}).get("default")
+    if free and results.get("capped"):
+        name, best = max(results["capped"].items(), key=lambda kv: kv[1]["images_per_sec"])
+        print(f"capped best ({name}) vs free default: {best['images_per_sec']:.1f} / "
+              f"{free['images_per_sec']:.1f} img/s = "
+              f"{best['images_per_sec'] / free['images_per_sec']:.2f}x, accuracy "
+              f"{best['accuracy']:.4f} vs {free['accuracy']:.4f}")
     print(f"link cap in the capped regime: {cap} each way per host (tc tbf)")
 
 
@@ -138,6 +164,8 @@ def main() -> int:
                    help="default: the demo recipe's 15 (330 steps); every variant sees the same samples")
     p.add_argument("--regimes", nargs="+", default=["free", "capped"])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--skip", nargs="+", default=[], metavar="REGIME/VARIANT",
+                   help="leave these out (capped/default: 1.9 s a step, ~10 minutes)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/ddp_tuning.json"))
     args = p.parse_args()
 
@@ -155,6 +183,8 @@ def main() -> int:
                         lab.uncap(host.name)
                 results[regime], folders[regime] = {}, {}
                 for name in args.variants:
+                    if f"{regime}/{name}" in args.skip:
+                        continue
                     port += 1
                     folder, row = run_variant(lab, name, regime, args.epochs,
                                               Path(tmp) / "runs", port)
@@ -167,6 +197,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"regimes": results, "link_cap": args.cap,
+                               "load": os.getloadavg(),
+                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "model": "vit_tiny (12 blocks, width 192, 5.3 M params), "
                                         f"digits 8x8, patch 4, batch 32 per rank, "
                                         f"{args.epochs:g} epochs, 2 lab hosts x 1 rank"},

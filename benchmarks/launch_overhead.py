@@ -1,8 +1,16 @@
 """Launch overhead on a lab cluster: time from starting a run to every rank having passed
 rendezvous, `launch` (preflight, ship code, start over fabric, stream) against a plain
-`ssh host torchrun ...` fan-out started in parallel, on 2, 4 and 8 hosts.
+`ssh host torchrun ...` fan-out started in parallel, on 2, 4 and 8 hosts; and the same for a
+user's own script (`launch run --ssh probe.py`: a workdir shipped, the script run by torchrun
+from there), which should cost no more than the bundled trainer.
 
-Needs root (it builds a lab of SSH hosts in network namespaces). Prints a table and writes
+Where launch's time goes: a table of phases, each the median over repeats of the time from
+one milestone to the next, a milestone being reached when the last host reaches it
+(connected, code uploaded, workdir shipped, probed: preflight; run folder and plan; the
+rendezvous store started; every agent started; every worker's first line, before it imports
+torch; every rank past rendezvous). The plain fan-out has the last two.
+
+Needs root (it builds a lab of SSH hosts in network namespaces). Prints the tables and writes
 benchmarks/results/launch_overhead.json.
 
     .venv/bin/python benchmarks/launch_overhead.py [--hosts 2 4 8] [--repeats 3]
@@ -19,6 +27,7 @@ benchmarks/results/launch_overhead_slurm.json and .txt.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,10 +47,100 @@ from launcher.backends.ssh.backend import SshBackend, plan_inventory  # noqa: E4
 from launcher.cluster.inventory import load_inventory  # noqa: E402
 from launcher.cluster.ssh import SshOptions  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
+from launcher.job.spec import job_of, script_recipe  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
+from launcher.workdir.scan import scan_workdir  # noqa: E402
+
+VARIANTS = ("launch", "script", "plain")
 
 PASSED = re.compile(r"rendezvous-passed rank=(\d+) world=(\d+) t=([0-9.]+)")
+STARTED = re.compile(r"probe-started t=([0-9.]+)")
+PROBE = REPO / "train" / "rendezvous_probe.py"
+
+# Milestones in the order a launch reaches them (the last host's time, from the start).
+MILESTONES = ("connected", "code uploaded", "workdir shipped", "probed", "preflight done",
+              "planned", "store started", "agents started", "workers started",
+              "rendezvous passed")
+
+
+class Timeline:
+    """When the last host reached each milestone of one launch, in seconds from its start:
+    the launcher's own functions wrapped for the benchmark's run (the launcher is unchanged)."""
+
+    def __init__(self):
+        self.started = time.time()
+        self.at: dict[str, float] = {}
+
+    def mark(self, milestone: str) -> None:
+        self.at[milestone] = max(self.at.get(milestone, 0.0), time.time() - self.started)
+
+    def from_logs(self, text: str, world: int) -> float:
+        self.mark_at("workers started", max(float(m[1]) for m in STARTED.finditer(text)))
+        passed = last_rank_passed(text, world)
+        self.mark_at("rendezvous passed", passed)
+        return passed - self.started
+
+    def mark_at(self, milestone: str, t: float) -> None:
+        self.at[milestone] = t - self.started
+
+    def phases(self) -> dict[str, float]:
+        """Each reached milestone's time since the previous reached one."""
+        out, before = {}, 0.0
+        for name in MILESTONES:
+            if name in self.at:
+                out[name] = max(0.0, self.at[name] - before)
+                before = max(before, self.at[name])
+        return out
+
+
+@contextlib.contextmanager
+def timed(timeline: Timeline):
+    """Wrap what preflight and the runner call, each wrapper marking its milestone."""
+    import launcher.backends.ssh.agent as remote_agent
+    import launcher.backends.ssh.preflight as preflight
+    import launcher.execute.runner as runner
+    import launcher.workdir.sync as workdir_sync
+
+    def after(module, name: str, milestone: str, first_call_marks=None):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            if first_call_marks:
+                timeline.mark(first_call_marks)
+            out = original(*args, **kwargs)
+            timeline.mark(milestone)
+            return out
+        return module, name, original, wrapper
+
+    starts = []
+    original_start = remote_agent.SshNodeProcess.start
+
+    def start(self):
+        original_start(self)
+        if self.label == "store":
+            timeline.mark("store started")
+        elif self.label is None:
+            starts.append(self.name)
+            timeline.mark("agents started")
+
+    # The code's own upload is gone since preflight's probe writes it (its row stays for
+    # runs of the code before).
+    wrapped = [(preflight, "connect", "connected"), (remote_agent, "upload", "code uploaded"),
+               (workdir_sync, "ship_ssh", "workdir shipped"), (preflight, "probe", "probed"),
+               (preflight, "preflight", "preflight done")]
+    patches = [after(module, name, milestone) for module, name, milestone in wrapped
+               if hasattr(module, name)]
+    patches.append(after(runner, "execute_plan", "run ended", first_call_marks="planned"))
+    for module, name, _, wrapper in patches:
+        setattr(module, name, wrapper)
+    remote_agent.SshNodeProcess.start = start
+    try:
+        yield
+    finally:
+        for module, name, original, _ in patches:
+            setattr(module, name, original)
+        remote_agent.SshNodeProcess.start = original_start
 
 
 def probe_program(place):
@@ -61,19 +160,49 @@ def last_rank_passed(text: str, world: int) -> float:
     return max(times.values())
 
 
-def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int) -> float:
+def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int,
+                workdir: Path | None = None) -> tuple[float, dict[str, float]]:
+    """(seconds to every rank past rendezvous, the phases). With `workdir`: a user's own
+    script there, as `launch run --ssh probe.py` from that folder runs it."""
     nodes = load_inventory(lab.inventory)[:hosts]
-    started = time.time()
     # The benchmark prints its own table; the runs' lines go nowhere.
     quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
-    SshBackend(lab.inventory, SshOptions()).launch(
-        recipe_for(hosts), nodes, run_id, LaunchOptions(str(runs_dir), display=quiet),
-        rdzv_port=port, program=probe_program)
+    backend = SshBackend(lab.inventory, SshOptions())
+    timeline = Timeline()
+    with timed(timeline):
+        if workdir is None:
+            backend.launch(recipe_for(hosts), nodes, run_id,
+                           LaunchOptions(str(runs_dir), display=quiet), rdzv_port=port,
+                           program=probe_program)
+        else:
+            # What `launch run` does before the backend: the recipe, the job, the scan.
+            recipe = user_recipe(hosts, workdir)
+            job = job_of(recipe)
+            manifest = scan_workdir(workdir)
+            backend.launch(recipe, nodes, run_id, LaunchOptions(str(runs_dir), display=quiet),
+                           rdzv_port=port, job=job, workdir=manifest)
     logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
-    return last_rank_passed(logs, hosts) - started
+    return timeline.from_logs(logs, hosts), timeline.phases()
 
 
-def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int) -> float:
+def user_recipe(hosts: int, workdir: Path):
+    data = script_recipe(script="probe.py", module=None, workdir=str(workdir), nodes=hosts)
+    data["rendezvous"] = {"timeout": 300}
+    return recipe_from_mapping(data, "<command line>", workdir)
+
+
+def user_workdir(tmp: Path) -> Path:
+    """A user's project: the probe as their script, beside a few files of their own."""
+    folder = tmp / "project"
+    folder.mkdir()
+    (folder / "probe.py").write_bytes(PROBE.read_bytes())
+    (folder / "README.md").write_text("a user's project\n")
+    (folder / "data.csv").write_text("x,y\n" + "".join(f"{i},{i * i}\n" for i in range(5000)))
+    return folder
+
+
+def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int
+                      ) -> tuple[float, dict[str, float]]:
     """What people script by hand: the same torchrun line per host, over ssh, all at once,
     with the code already in place (copied before the clock starts)."""
     nodes = load_inventory(lab.inventory)[:hosts]
@@ -82,11 +211,10 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int) -> float:
     for cmd in plan.nodes:
         code = Path(cmd.cwd) / "code" / "train"
         code.mkdir(parents=True, exist_ok=True)
-        (code / "rendezvous_probe.py").write_bytes(
-            (REPO / "train" / "rendezvous_probe.py").read_bytes())
+        (code / "rendezvous_probe.py").write_bytes(PROBE.read_bytes())
     ssh = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
-    started = time.time()
+    timeline = Timeline()
     procs = []
     for cmd, node in zip(plan.nodes, nodes):
         env = [f"{k}={v}" for k, v in cmd.env.items()]
@@ -97,8 +225,9 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int) -> float:
                            *env, *argv])
         procs.append(subprocess.Popen([*ssh, f"root@{node.address}", line], text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    timeline.mark("agents started")
     out = "".join(p.communicate(timeout=600)[0] for p in procs)
-    return last_rank_passed(out, hosts) - started
+    return timeline.from_logs(out, hosts), timeline.phases()
 
 
 def main() -> int:
@@ -118,43 +247,75 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="launch-overhead-") as tmp:
         tmp = Path(tmp)
         lab = Lab.create(tmp / "lab", max(args.hosts))
+        workdir = user_workdir(tmp)
         try:
             port = 29700
             for hosts in args.hosts:
-                launch_s, plain_s = [], []
+                seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+                phases: dict[str, list[dict]] = {v: [] for v in VARIANTS}
                 for rep in range(args.repeats):
-                    port += 2
-                    # Alternate the order so neither variant always runs on a warmer cache.
-                    order = ["launch", "plain"] if rep % 2 == 0 else ["plain", "launch"]
-                    for variant in order:
+                    port += 3
+                    # Rotate the order so no variant always runs on a warmer cache.
+                    order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+                    for i, variant in enumerate(order):
                         run_id = f"{variant}-{hosts}-{rep}"
-                        if variant == "launch":
-                            launch_s.append(time_launch(lab, hosts, run_id, tmp / "runs", port))
+                        if variant == "plain":
+                            took, split = time_plain_fanout(lab, hosts, run_id, port + i)
                         else:
-                            plain_s.append(time_plain_fanout(lab, hosts, run_id, port + 1))
-                row = {"hosts": hosts, "launch_s": statistics.median(launch_s),
-                       "plain_fanout_s": statistics.median(plain_s),
-                       "launch_samples": launch_s, "plain_samples": plain_s}
-                row["ratio"] = row["launch_s"] / row["plain_fanout_s"]
+                            took, split = time_launch(
+                                lab, hosts, run_id, tmp / "runs", port + i,
+                                workdir=workdir if variant == "script" else None)
+                        seconds[variant].append(took)
+                        phases[variant].append(split)
+                row = {"hosts": hosts}
+                for v in VARIANTS:
+                    row[f"{v}_s"] = statistics.median(seconds[v])
+                    row[f"{v}_samples"] = seconds[v]
+                    row[f"{v}_phases"] = {m: statistics.median(p.get(m, 0.0) for p in phases[v])
+                                          for m in MILESTONES if any(m in p for p in phases[v])}
+                row["ratio"] = row["launch_s"] / row["plain_s"]
+                row["script_ratio"] = row["script_s"] / row["plain_s"]
                 results.append(row)
-                print(f"  {hosts} hosts: launch {row['launch_s']:.2f}s, plain "
-                      f"{row['plain_fanout_s']:.2f}s", file=sys.stderr, flush=True)
+                print(f"  {hosts} hosts: launch {row['launch_s']:.2f}s, your script "
+                      f"{row['script_s']:.2f}s, plain {row['plain_s']:.2f}s",
+                      file=sys.stderr, flush=True)
         finally:
             lab.destroy()
 
-    lines = [f"{'hosts':>5}  {'launch (s)':>10}  {'plain ssh fan-out (s)':>21}  {'ratio':>6}"]
-    for r in results:
-        lines.append(f"{r['hosts']:>5}  {r['launch_s']:>10.2f}  {r['plain_fanout_s']:>21.2f}  "
-                     f"{r['ratio']:>6.2f}")
-    table = "\n".join(lines)
+    table = "\n".join([summary_table(results), "", phase_table(results)])
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).with_suffix(".txt").write_text(table + "\n")
     Path(args.out).write_text(json.dumps({
-        "what": "seconds from start to every rank past rendezvous (median of repeats)",
+        "what": "seconds from start to every rank past rendezvous (median of repeats); "
+                "phases: seconds from one milestone (reached by the last host) to the next",
+        "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "repeats": args.repeats, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def summary_table(results: list[dict]) -> str:
+    lines = [f"{'hosts':>5}  {'launch (s)':>10}  {'your script (s)':>15}  "
+             f"{'plain ssh fan-out (s)':>21}  {'ratio':>6}  {'script ratio':>12}"]
+    for r in results:
+        lines.append(f"{r['hosts']:>5}  {r['launch_s']:>10.2f}  {r['script_s']:>15.2f}  "
+                     f"{r['plain_s']:>21.2f}  {r['ratio']:>6.2f}  {r['script_ratio']:>12.2f}")
+    return "\n".join(lines)
+
+
+def phase_table(results: list[dict]) -> str:
+    """One column per host count and variant, one row per phase (median seconds)."""
+    columns = [(r["hosts"], v, r[f"{v}_phases"]) for r in results for v in VARIANTS]
+    head = f"{'phase (s, to the last host)':<28}" + "".join(
+        f"{f'{h} {v}':>13}" for h, v, _ in columns)
+    lines = [head]
+    for m in MILESTONES:
+        if not any(m in p for _, _, p in columns):
+            continue
+        lines.append(f"{m:<28}" + "".join(
+            f"{p[m]:>13.2f}" if m in p else f"{'-':>13}" for _, _, p in columns))
+    return "\n".join(lines)
 
 
 # ---- the Slurm column -----------------------------------------------------------------------

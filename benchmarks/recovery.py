@@ -89,19 +89,50 @@ def recipe(name: str, steps: int, checkpoint: dict | None, restarts: int = 0,
 
 
 class TimedDisplay(PlainDisplay):
-    """Lines to a log file, and the time the first of each kind of line arrived."""
+    """Lines to a log file, and the times every line of each kind arrived."""
 
     def __init__(self, stream, marks: tuple[str, ...]):
         super().__init__(stream)
         self.marks = marks
-        self.seen: dict[str, float] = {}
+        self.times: dict[str, list[float]] = {mark: [] for mark in marks}
 
     def line(self, node: str, rank: str, text: str) -> None:
         now = time.monotonic()
         for mark in self.marks:
             if mark in text:
-                self.seen.setdefault(mark, now)
+                self.times[mark].append(now)
         super().line(node, rank, text)
+
+    def last_between(self, mark: str, after: float, before: float) -> float | None:
+        """When the last line of `mark` in (after, before] arrived (every rank's, say)."""
+        inside = [t for t in self.times[mark] if after < t <= before]
+        return max(inside) if inside else None
+
+
+# A restart's milestones, in order, as the lines that mark them (the last rank's line counts):
+# torchrun's agent saw its worker die; the new workers started (train/worker.py, before they
+# import torch); their process group formed (train/main.py); the keeper built the data, model
+# and DDP and loaded the checkpoint; the first step since the restart ended.
+RESTART_MARKS = (("detect", "failed (exitcode:"),
+                 ("stop + agents' rendezvous", "launch: worker rank"),
+                 ("worker start + process group", ": backend "),
+                 ("data, model, DDP + checkpoint load", "resumed from checkpoint step"),
+                 ("first step", "first step since the restart"))
+
+
+def restart_split(display: TimedDisplay, killed_at: float) -> dict[str, float] | None:
+    """Seconds of each part of the kill -> first step, each from the previous milestone."""
+    end = display.last_between(RESTART_MARKS[-1][1], killed_at, float("inf"))
+    if end is None:
+        return None
+    out, before = {}, killed_at
+    for name, mark in RESTART_MARKS:
+        t = display.last_between(mark, before, end)
+        if t is None:
+            return None
+        out[name] = round(t - before, 3)
+        before = t
+    return out
 
 
 def launch(lab: Lab, rec, run_id: str, runs: Path, port: int, display) -> dict:
@@ -144,13 +175,15 @@ def recovery_row(lab: Lab, interval: int, steps: int, kill_at: int, runs: Path, 
     run_id = f"recover-every-{interval}"
     rec = recipe(run_id, steps, {"every_steps": interval, "keep": 2}, restarts=1)
     display = TimedDisplay(open(logs / f"{run_id}.log", "w"),  # noqa: SIM115
-                           ("first step since the restart",))
+                           tuple(mark for _, mark in RESTART_MARKS))
     killed: dict = {}
     thread = killer(lab, run_id, kill_at, killed)
     summary = launch(lab, rec, run_id, runs, port, display)
     thread.join(timeout=1)
     (restart,) = summary["restarts"]
-    first = display.seen.get("first step since the restart")
+    killed_at = killed.get("killed_at")
+    first = None if killed_at is None else display.last_between(
+        RESTART_MARKS[-1][1], killed_at, float("inf"))
     return {
         "checkpoint_every_steps": interval,
         "killed_after_step": killed.get("killed_after_step"),
@@ -158,11 +191,18 @@ def recovery_row(lab: Lab, interval: int, steps: int, kill_at: int, runs: Path, 
         "steps_lost": restart["steps_lost"],
         "kill_to_first_step_s": None if first is None or "killed_at" not in killed
         else round(first - killed["killed_at"], 3),
+        "split_s": None if killed_at is None else restart_split(display, killed_at),
         "launch_saw_failure_to_first_step_s": restart["recovered_in_s"],
         "checkpoint_load_s": restart["checkpoint_load_s"],
-        "step_time_s": summary["step_time_s"],
-        "accuracy": summary["eval_accuracy"],
+        **trainer_facts(summary, runs / run_id),
     }
+
+
+def trainer_facts(summary: dict, folder: Path) -> dict:
+    """The median step and the accuracy, from rank 0's result.json (the summary keeps only
+    some of the trainer's facts)."""
+    result = json.loads((folder / summary["rank0_node"] / "result.json").read_text())
+    return {"step_time_s": result["step_time_s"], "accuracy": result["eval_accuracy"]}
 
 
 def cost_row(lab: Lab, name: str, steps: int, checkpoint: dict | None, runs: Path, port: int,
@@ -272,8 +312,7 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
         "restart_s": round(back - noticed - recovery["recovered_in_s"], 3),
         "relaunch_to_resumed_line_s": round(display.resumed_at - display.attempts[1], 3),
         "replacement": recovery["replacement"],
-        "step_time_s": summary["step_time_s"],
-        "accuracy": summary["eval_accuracy"],
+        **trainer_facts(summary, runs / run_id),
     }
 
 
@@ -352,6 +391,14 @@ def recovery_table(recovery: list[dict]) -> list[str]:
                      f"{r['resumed_from_step']:>12} {r['steps_lost']:>10} "
                      f"{r['kill_to_first_step_s']:>18.2f} {r['checkpoint_load_s'] or 0:>15.2f} "
                      f"{r['step_time_s']:>7.3f}")
+    split = [r for r in recovery if r.get("split_s")]
+    if split:
+        lines += ["", "its split (s, each from the previous line's mark; the last rank's line)",
+                  f"{'every':>5} " + " ".join(f"{name:>{max(10, len(name))}}"
+                                              for name, _ in RESTART_MARKS)]
+        for r in split:
+            lines.append(f"{r['checkpoint_every_steps']:>5} " + " ".join(
+                f"{r['split_s'][name]:>{max(10, len(name))}.2f}" for name, _ in RESTART_MARKS))
     return lines
 
 

@@ -65,14 +65,44 @@ def _split(images: torch.Tensor, labels: torch.Tensor, held_out_fraction: float,
     return (TensorDataset(images[tr], labels[tr]), TensorDataset(images[te], labels[te]))
 
 
+def _digits_file() -> Path | None:
+    """scikit-learn's own copy of the digits (sklearn/datasets/data/digits.csv.gz), found
+    without importing scikit-learn: the import took ~0.9 s of CPU of every rank's start, and
+    of every restart (benchmarks/recovery.py)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def load_digits_arrays():
+    """(images 1797 x 8 x 8, labels), as sklearn.datasets.load_digits gives them: its CSV
+    read directly (rows of 64 pixels and the label), else through scikit-learn."""
+    import numpy as np
+
+    path = _digits_file()
+    if path is None:
+        from sklearn.datasets import load_digits  # a scikit-learn that keeps it elsewhere
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
+
+
 def digits(image_size: int) -> DataSplits:
     """scikit-learn's 1,797 8x8 handwritten digits (bundled with the package, no download)."""
-    from sklearn.datasets import load_digits  # only this data set needs scikit-learn
-
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    pixels, target = load_digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
     images = (images - 0.5) / 0.5
-    labels = torch.tensor(bunch.target, dtype=torch.long)
+    labels = torch.tensor(target, dtype=torch.long)
     train, held_out = _split(_resize(images, image_size), labels, 0.2, 10)
     return DataSplits(train, held_out, num_classes=10, in_channels=1)
 

@@ -16,6 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from train.options import AUTO, COMM_HOOKS, default, options_under
+from train.powersgd import powersgd_hook
 
 # PowerSGD all-reduces plainly while state.iter < start_powerSGD_iter: "never" until auto
 # decides otherwise. (A constructor check wants > 1 when error feedback is on.)
@@ -34,6 +35,8 @@ class DDPSettings:
     powersgd_start_iter: int = default("ddp.powersgd.start_iter")
     powersgd_warm_start: bool = default("ddp.powersgd.warm_start")
     powersgd_error_feedback: bool = default("ddp.powersgd.error_feedback")
+    powersgd_wire: str = default("ddp.powersgd.wire")
+    powersgd_hook: str = default("ddp.powersgd.hook")
 
     @classmethod
     def from_args(cls, args) -> DDPSettings:
@@ -126,7 +129,9 @@ def wrap_ddp(model: nn.Module, settings: DDPSettings, device: torch.device) -> t
             use_error_feedback=settings.powersgd_error_feedback,
             warm_start=settings.powersgd_warm_start,
         )
-        hook = track_buckets(powerSGD_hook.powerSGD_hook)
+        state.wire = settings.powersgd_wire
+        hook = track_buckets(powerSGD_hook.powerSGD_hook if settings.powersgd_hook == "torch"
+                             else powersgd_hook)
         ddp.register_comm_hook(state, hook if device.type == "cuda" else OneBucketAtATime(hook))
     elif settings.comm_hook != "none":
         raise ValueError(f"unknown comm_hook {settings.comm_hook!r}; expected one of {COMM_HOOKS}")

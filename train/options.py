@@ -22,6 +22,8 @@ AUTO = "auto"
 MODELS = ("vit_tiny", "vit_s16", "vit_b16")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", AUTO)
 PRECISIONS = ("fp32", "bf16")
+POWERSGD_WIRES = ("fp32", "bf16", "fp16")
+POWERSGD_HOOKS = ("launch", "torch")
 # `comm_hook: auto` (train/autocomm.py) skips the first steps (bucket rebuilds), measures plain
 # all-reduce until a sign test at AUTO_ALPHA says whether communication is above
 # AUTO_MIN_COMM_SHARE of the step (AUTO_MIN_SAMPLES to AUTO_MAX_SAMPLES steps; ranks agree on
@@ -147,6 +149,10 @@ OPTIONS: tuple[Option, ...] = (
        low=0, high=10**9),
     _o("ddp.powersgd.warm_start", "bool", True, "PowerSGD warm start"),
     _o("ddp.powersgd.error_feedback", "bool", True, "PowerSGD error feedback"),
+    _o("ddp.powersgd.wire", "str", "bf16", "precision of PowerSGD's P, Q and vectors on the wire",
+       choices=POWERSGD_WIRES),
+    _o("ddp.powersgd.hook", "str", "launch", "PowerSGD hook: launch's (train/powersgd.py) or "
+       "torch's powerSGD_hook", choices=POWERSGD_HOOKS),
     # A recipe without a `checkpoint:` block writes none; with one, exactly one of every_steps
     # and every_minutes says when (train/checkpoint.py).
     _o("checkpoint.every_steps", "int", None, "write a checkpoint every N optimizer steps",

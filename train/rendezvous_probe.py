@@ -1,12 +1,15 @@
 """Rendezvous probe: join the process group, pass a barrier, print when this rank passed.
 
 Used by benchmarks/launch_overhead.py to time how long a launcher takes to bring every rank
-through rendezvous. Imports only torch, like the trainer.
+through rendezvous, and how much of it the worker itself takes (its first line is printed
+before torch is imported). Imports only torch, like the trainer.
 """
 
 import time
 
-import torch.distributed as dist
+print(f"probe-started t={time.time():.6f}", flush=True)
+
+import torch.distributed as dist  # noqa: E402
 
 
 def main() -> None:

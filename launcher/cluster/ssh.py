@@ -410,3 +410,27 @@ def connect(node: Node, options: SshOptions) -> Connection:
 def remote(*argv: str) -> str:
     """The one place a remote shell receives a string: every argument quoted."""
     return shlex.join(argv)
+
+
+def run_with_input(conn: Connection, command: str, data: bytes, *,
+                   timeout: float) -> tuple[int, str]:
+    """`command` on the open connection with `data` as its stdin, on one exec channel:
+    (exit status, stdout and stderr together). invoke's run() feeds a stdin stream to the
+    channel a byte at a time."""
+    conn.open()
+    channel = conn.client.get_transport().open_session()
+    try:
+        channel.settimeout(timeout)
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        try:
+            channel.sendall(data)
+            channel.shutdown_write()
+        except OSError:
+            pass   # it ended without reading its input: its output and status say why
+        chunks = []
+        while chunk := channel.recv(1 << 16):
+            chunks.append(chunk)
+        return channel.recv_exit_status(), b"".join(chunks).decode(errors="replace")
+    finally:
+        channel.close()

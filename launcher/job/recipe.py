@@ -20,8 +20,8 @@ from launcher.core.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launcher.core.names import control_problem, name_problem
 from launcher.core.yamlfile import YamlFileError, load_yaml_file, shorten
 from launcher.job.sbatch_args import SbatchArgError, normalize
-from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, COMM_HOOKS, MODELS, PRECISIONS,
-                           auto_trial_steps, lr_warmup_steps)
+from train.options import (AUTO, AUTO_MEASURE_STEPS, BY_KEY, COMM_HOOKS, MODELS, POWERSGD_HOOKS,
+                           POWERSGD_WIRES, PRECISIONS, auto_trial_steps, lr_warmup_steps)
 
 # (width, heads) of the standard sizes, as in train/model.py VIT_SIZES: loading a recipe
 # must not import torch (a second of start-up for every command).
@@ -152,6 +152,8 @@ class PowerSGD(_Strict):
     start_iter: WholeNumber = _field("ddp.powersgd.start_iter")
     warm_start: Switch = _field("ddp.powersgd.warm_start")
     error_feedback: Switch = _field("ddp.powersgd.error_feedback")
+    wire: Literal[POWERSGD_WIRES] = _field("ddp.powersgd.wire")
+    hook: Literal[POWERSGD_HOOKS] = _field("ddp.powersgd.hook")
 
 
 class DDP(_Strict):

@@ -29,7 +29,8 @@ TRAINER_ARGS = [
     "--log-every", "10", "--no-save-model", "--static-graph", "--gradient-as-bucket-view",
     "--bucket-cap-mb",
     "100.0", "--comm-hook", "powersgd", "--powersgd-rank", "4", "--powersgd-start-iter", "20",
-    "--powersgd-warm-start", "--powersgd-error-feedback",
+    "--powersgd-warm-start", "--powersgd-error-feedback", "--powersgd-wire", "bf16",
+    "--powersgd-hook", "launch",
 ]
 
 

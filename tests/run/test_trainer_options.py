@@ -25,7 +25,8 @@ SAMPLES = {
     "train.log_every": 3, "train.save_model": True, "ddp.static_graph": True,
     "ddp.gradient_as_bucket_view": True, "ddp.bucket_cap_mb": 3.5, "ddp.comm_hook": "fp16",
     "ddp.powersgd.rank": 2, "ddp.powersgd.start_iter": 5, "ddp.powersgd.warm_start": False,
-    "ddp.powersgd.error_feedback": False, "checkpoint.every_steps": 25,
+    "ddp.powersgd.error_feedback": False, "ddp.powersgd.wire": "fp16",
+    "ddp.powersgd.hook": "torch", "checkpoint.every_steps": 25,
     "checkpoint.every_minutes": 2.5, "checkpoint.keep": 5, "checkpoint.asynchronous": False,
 }
 

@@ -53,7 +53,7 @@ def test_tuned_fp16(world_of_one, ddp_tuning):
 
 def test_tuned_powersgd(world_of_one, ddp_tuning):
     _, ddp, state = build(ddp_tuning, "tuned+powersgd")
-    assert hook_names(ddp) == ["powerSGD_hook"]
+    assert hook_names(ddp) == ["powersgd_hook"] and state.wire == "bf16"   # launch's own
     assert ddp._comm_hooks[0][1] is state
     # On gloo the buckets' PowerSGD chains run one after another (see OneBucketAtATime).
     assert isinstance(ddp._comm_hooks[0][0], OneBucketAtATime)
@@ -62,9 +62,15 @@ def test_tuned_powersgd(world_of_one, ddp_tuning):
     assert state.use_error_feedback and state.warm_start
 
 
+def test_tuned_powersgd_torch(world_of_one, ddp_tuning):
+    _, ddp, state = build(ddp_tuning, "tuned+powersgd-torch")
+    assert hook_names(ddp) == ["powerSGD_hook"]
+    assert state.matrix_approximation_rank == 4 and state.start_powerSGD_iter == 10
+
+
 def test_auto_registers_powersgd_that_waits_for_a_decision(world_of_one, ddp_tuning):
     args, ddp, state = build(ddp_tuning, "auto")
     assert args.bucket_cap_mb == "auto" and args.comm_hook == "auto"
-    assert hook_names(ddp) == ["powerSGD_hook"]
+    assert hook_names(ddp) == ["powersgd_hook"]
     assert state.matrix_approximation_rank == 4
     assert state.start_powerSGD_iter == NEVER  # plain all-reduce until auto decides

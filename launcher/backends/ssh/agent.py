@@ -1,5 +1,6 @@
-"""Node agents on remote hosts over SSH (fabric): ship the code, start in its own session,
-stream, signal by recorded process group, fetch the node's files."""
+"""Node agents on remote hosts over SSH (fabric): start in its own session (the code is on the
+node already: preflight's probe wrote it), stream, signal by recorded process group, fetch
+the node's files."""
 
 from __future__ import annotations
 
@@ -66,23 +67,9 @@ def content_hash(base: Path, files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def upload(conn: Connection, node_dir: str, code_dir: Path, files: list[str],
-           recipe_file: Path | None) -> None:
-    """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml): one mkdir
-    and one SFTP session (the probe then hashes what arrived)."""
-    remote_code = posixpath.join(node_dir, "code")
-    dirs = sorted({posixpath.join(remote_code, posixpath.dirname(f)) for f in files})
-    conn.run(remote("mkdir", "-p", node_dir, *dirs), hide=True, in_stream=False)
-    sftp = conn.sftp()
-    for rel in files:
-        sftp.put(str(code_dir / rel), posixpath.join(remote_code, rel))
-    if recipe_file is not None:
-        sftp.put(str(recipe_file), posixpath.join(node_dir, "recipe.yml"))
-
-
 def remove_tree(conn: Connection, node_dir: str) -> None:
-    """Remove what upload() put on the node (its run folder, and the run's folder when that
-    leaves it empty): preflight failed, nothing of the run may stay."""
+    """Remove what preflight's probe wrote on the node (its run folder, and the run's folder
+    when that leaves it empty): preflight failed, nothing of the run may stay."""
     parent = posixpath.dirname(node_dir.rstrip("/"))
     conn.run(remote("sh", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; exit 0', "rm",
                     node_dir, parent), hide=True, warn=True, in_stream=False, timeout=60)
