@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import labs
+from tests.labs import (capped_lab, lab, lab3, module_capped_lab,  # noqa: F401 (fixtures)
+                        module_lab, module_lab3, module_private_lab, private_lab, slurm_lab)
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A suite started in the background by a shell without job control (`./scripts/test &` in a
@@ -27,7 +31,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # so that a new test cannot land in the fast tier by forgetting a marker: a lab (root, network
 # namespaces, sshd or Slurm: also `lab`), a real run or a subprocess of launch, moto's server,
 # Ansible, a browser, the wheel.
-LAB_FIXTURES = {"lab", "private_lab", "slurm_lab", "capped_lab", "lab_ready"}
+LAB_FIXTURES = labs.LAB_FIXTURES | {"lab_ready"}   # lab_ready: tests/setup's node
 SLOW_FIXTURES = LAB_FIXTURES | {
     "run_launch", "background_launch", "demo_local_run", "installed", "browser", "ddp_tuning",
     "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one"}
