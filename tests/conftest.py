@@ -46,14 +46,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say why lab tests were skipped, and how many: as non-root they skip by design."""
-    skipped = terminalreporter.stats.get("skipped", [])
-    needing_root = [r for r in skipped if "root" in str(getattr(r, "longrepr", ""))]
-    if needing_root:
-        terminalreporter.write_line(
-            f"{len(needing_root)} test(s) skipped: they build labs (network namespaces, sshd, "
-            "Slurm) and need root; CI runs them all as root", yellow=True)
+def pytest_unconfigure(config):
+    """The last line: how many tests were skipped and why, so that a run as non-root (whose lab
+    tests skip by design) or without a tool says so instead of passing quietly."""
+    terminalreporter = config.pluginmanager.get_plugin("terminalreporter")
+    if terminalreporter is None:
+        return
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        why = "; ".join(f"{count}: {reason}" for reason, count in
+                        sorted(reasons.items(), key=lambda item: -item[1]))
+        terminalreporter.write_line(f"{sum(reasons.values())} test(s) skipped ({why})",
+                                    yellow=True)
 
 
 @pytest.fixture(scope="session")
