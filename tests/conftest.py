@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import labs
+from tests.labs import (capped_lab, lab, lab3, module_capped_lab,  # noqa: F401 (fixtures)
+                        module_lab, module_lab3, module_private_lab, private_lab, slurm_lab)
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A suite started in the background by a shell without job control (`./scripts/test &` in a
@@ -27,7 +31,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # so that a new test cannot land in the fast tier by forgetting a marker: a lab (root, network
 # namespaces, sshd or Slurm: also `lab`), a real run or a subprocess of launch, moto's server,
 # Ansible, a browser, the wheel.
-LAB_FIXTURES = {"lab", "private_lab", "slurm_lab", "capped_lab", "lab_ready"}
+LAB_FIXTURES = labs.LAB_FIXTURES | {"lab_ready"}   # lab_ready: tests/setup's node
 SLOW_FIXTURES = LAB_FIXTURES | {
     "run_launch", "background_launch", "demo_local_run", "installed", "browser", "ddp_tuning",
     "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one"}
@@ -42,14 +46,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say why lab tests were skipped, and how many: as non-root they skip by design."""
-    skipped = terminalreporter.stats.get("skipped", [])
-    needing_root = [r for r in skipped if "root" in str(getattr(r, "longrepr", ""))]
-    if needing_root:
-        terminalreporter.write_line(
-            f"{len(needing_root)} test(s) skipped: they build labs (network namespaces, sshd, "
-            "Slurm) and need root; CI runs them all as root", yellow=True)
+def pytest_unconfigure(config):
+    """The last line: how many tests were skipped and why, so that a run as non-root (whose lab
+    tests skip by design) or without a tool says so instead of passing quietly."""
+    terminalreporter = config.pluginmanager.get_plugin("terminalreporter")
+    if terminalreporter is None:
+        return
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        why = "; ".join(f"{count}: {reason}" for reason, count in
+                        sorted(reasons.items(), key=lambda item: -item[1]))
+        terminalreporter.write_line(f"{sum(reasons.values())} test(s) skipped ({why})",
+                                    yellow=True)
 
 
 @pytest.fixture(scope="session")

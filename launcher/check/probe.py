@@ -3,6 +3,7 @@ at once) and judge the answers into the host x check table's rows."""
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,15 @@ class NodeHealth:
     @property
     def failed(self) -> list[str]:
         return [name for name, c in self.checks.items() if c.status == health.FAIL]
+
+
+def node_function(name: str) -> str:
+    """One function of ask_node.py as source, for another node program that must ask what it
+    asks the same way (preflight asks torch's facts)."""
+    text = PROBE_SOURCE.read_text()
+    found = next(n for n in ast.parse(text).body
+                 if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(text, found) + "\n"
 
 
 def probe_argv(node: Node) -> list[str]:

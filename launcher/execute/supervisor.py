@@ -75,7 +75,7 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class _StopRequest:
+class StopRequest:
     """SIGINT/SIGTERM only set a flag; the loop acts on it at a safe point."""
 
     def __init__(self):
@@ -182,7 +182,7 @@ class Supervisor:
     (poll_services), what recovery found (act_on_recovery), the settle window (settle), a
     signal to launch (on_signal) and the grace period (escalate). Everything that starts or
     stops a node goes through start_node, restart, restart_all and begin_stop; signals only
-    set flags (_StopRequest), acted on here."""
+    set flags (StopRequest), acted on here."""
 
     def __init__(self, procs: list[NodeProcess], router: LineRouter, *, grace_s: float,
                  poll_s: float, notify, services: list[NodeProcess], settle_s: float,
@@ -202,7 +202,7 @@ class Supervisor:
         self.first_failure: str | None = None
         self.reason = ""
         self.status = "succeeded"
-        self.request = _StopRequest()
+        self.request = StopRequest()
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> Outcome:

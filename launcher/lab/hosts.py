@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,13 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.cluster.inventory import Node, write_inventory
-from launcher.core.errors import LauncherError
+from launcher.lab import netns
+from launcher.lab.netns import LabError, run
 
 SSHD = "/usr/sbin/sshd"
-
-
-class LabError(LauncherError):
-    pass
 
 
 def lab_unavailable_reason() -> str | None:
@@ -50,36 +46,7 @@ def lab_unavailable_reason() -> str | None:
         return "the SSH lab needs iproute2 (`ip`): apt-get install iproute2"
     if not Path(SSHD).exists():
         return "the SSH lab needs Debian's openssh-server (/usr/sbin/sshd)"
-    probe = subprocess.run(["ip", "netns", "add", "launch-probe-" + secrets.token_hex(3)],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"network namespaces are not available here: {probe.stderr.strip()}"
-    name = probe.args[3]
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        raise LabError(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
-
-
-def _free_subnet(private: bool = False) -> ipaddress.IPv4Network:
-    used = _run("ip", "-o", "-4", "addr", "show").stdout
-    routes = _run("ip", "-4", "route", "show").stdout
-    for _ in range(200):
-        # Private networks come from another range than every lab's bridge (10.200-249.x), so
-        # a lab built beside this one never answers on a private address this machine must not
-        # reach.
-        net = ipaddress.ip_network(
-            f"172.{16 + secrets.randbelow(16)}.{secrets.randbelow(256)}.0/24" if private else
-            f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24")
-        if f" {net.network_address + 1}/" not in used and str(net) not in routes and \
-                not any(f" {net.network_address + 10 + i}/" in used for i in range(32)):
-            return net
-    raise LabError(f"no free {'172.16-31' if private else '10.200-249'}.x.0/24 subnet for the lab")
+    return netns.unavailable_reason()
 
 
 @dataclass
@@ -137,11 +104,11 @@ class Lab:
         directory = Path(directory).resolve()
         directory.mkdir(parents=True, exist_ok=True)
         lab_id = secrets.token_hex(2)
-        net = _free_subnet()
+        net = netns.free_subnet()
         lab = cls(str(directory), lab_id, str(net), f"lab{lab_id}br",
                   python=python or sys.executable)
         if private_workers:
-            lab.private_subnet = str(_free_subnet(private=True))
+            lab.private_subnet = str(netns.free_subnet(private=True))
             lab.private_bridge = f"lab{lab_id}pb"
         try:
             lab._build(hosts, net, cap, python or sys.executable)
@@ -152,35 +119,29 @@ class Lab:
 
     def _build(self, count: int, net: ipaddress.IPv4Network, cap: str | None,
                python: str) -> None:
-        gateway = net.network_address + 1
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", self.bridge)
-        _run("ip", "link", "set", self.bridge, "up")
+        netns.add_bridge(self.bridge, net)
         private = ipaddress.ip_network(self.private_subnet) if self.private_subnet else None
         if self.private_bridge:
             # No address on this machine's side: it cannot reach the private network at all.
-            _run("ip", "link", "add", self.private_bridge, "type", "bridge")
-            _run("ip", "link", "set", self.private_bridge, "up")
+            netns.add_bridge(self.private_bridge, None)
         self.save()
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"launch-lab-{self.lab_id}",
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"launch-lab-{self.lab_id}",
              "-f", str(self.key))
         (self.dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
         known = []
         for i in range(count):
             host = LabHost(name=f"host{i}", netns=f"lab{self.lab_id}h{i}",
-                           address=str(net.network_address + 10 + i),
-                           veth=f"lab{self.lab_id}v{i}")
+                           address=netns.host_address(net, i), veth=f"lab{self.lab_id}v{i}")
             self.hosts.append(host)
             self.save()
-            self._namespace(host)
-            ns = ("ip", "netns", "exec", host.netns)
+            netns.add_namespace(host.netns)
             if private is None or i == 0:
                 self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
-                _run(*ns, "ip", "route", "add", "default", "via", str(gateway))
+                netns.add_default_route(host.netns, netns.gateway(net))
             if private is not None:
                 assert self.private_bridge
-                address = str(private.network_address + 10 + i)
+                address = netns.host_address(private, i)
                 link = f"lab{self.lab_id}q{i}"
                 self._link(host, link, "priv0", self.private_bridge, address, private.prefixlen)
                 host.private_address, host.ifname, host.veth = address, "priv0", link
@@ -194,28 +155,11 @@ class Lab:
         self._wait_for_sshd()
         self._write_inventory(python)
 
-    def _namespace(self, host: LabHost) -> None:
-        _run("ip", "netns", "add", host.netns)
-        # The machine's DNS server is unreachable from the namespace, and every lookup
-        # (c10d resolves each peer's name, sshd too) then waited for a resolver timeout:
-        # runs took 26 s to pass rendezvous instead of a few. `ip netns exec` mounts this
-        # file over /etc/resolv.conf for the host's sshd and all it starts: lookups fail
-        # at once and fall back to addresses.
-        etc = Path("/etc/netns") / host.netns
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "resolv.conf").write_text("# launch lab: no DNS inside the lab\n"
-                                         "nameserver 127.0.0.1\n")
-        _run("ip", "netns", "exec", host.netns, "ip", "link", "set", "lo", "up")
-
     def _link(self, host: LabHost, root_end: str, inside: str, bridge: str, address: str,
               prefixlen: int) -> None:
-        _run("ip", "link", "add", root_end, "type", "veth", "peer", "name", inside,
-             "netns", host.netns)
+        # Listed before it is made: a failure half-way still leaves it to destroy().
         host.links.append(root_end)
-        _run("ip", "link", "set", root_end, "master", bridge, "up")
-        ns = ("ip", "netns", "exec", host.netns)
-        _run(*ns, "ip", "addr", "add", f"{address}/{prefixlen}", "dev", inside)
-        _run(*ns, "ip", "link", "set", inside, "up")
+        netns.add_link(host.netns, root_end, inside, bridge, address, prefixlen)
 
     def _write_inventory(self, python: str) -> None:
         # Imported here: launcher.cluster.ssh loads fabric and paramiko, which `launch --help` and the
@@ -262,7 +206,7 @@ class Lab:
         hdir = self.dir / host.name
         hdir.mkdir(exist_ok=True)
         host_key = hdir / "ssh_host_ed25519_key"
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key))
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key))
         config = hdir / "sshd_config"
         config.write_text("\n".join([
             "Port 22",
@@ -296,8 +240,8 @@ class Lab:
         for host in hosts or self.hosts:
             while True:
                 # Probed from inside the host: this machine cannot reach hosts behind the head.
-                probe = _run("ip", "netns", "exec", host.netns, "bash", "-c",
-                             f"exec 3<>/dev/tcp/{host.address}/22", check=False)
+                probe = run("ip", "netns", "exec", host.netns, "bash", "-c",
+                            f"exec 3<>/dev/tcp/{host.address}/22", check=False)
                 if probe.returncode == 0:
                     break
                 if time.monotonic() > deadline:
@@ -334,18 +278,10 @@ class Lab:
             except LabError:
                 pass
         for host in hosts:
-            for pid in _netns_pids(host.netns):
-                # Whatever still runs in the host's namespace was started inside the lab.
-                _kill(pid)
             if host.sshd_pid:
-                _kill(host.sshd_pid)
-            _run("ip", "netns", "del", host.netns, check=False)
-            shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
-            for link in dict.fromkeys([host.veth, *host.links]):
-                _run("ip", "link", "del", link, check=False)
-        _run("ip", "link", "del", self.bridge, check=False)
-        if self.private_bridge:
-            _run("ip", "link", "del", self.private_bridge, check=False)
+                netns.kill(host.sshd_pid)
+            netns.remove_namespace(host.netns, [host.veth, *host.links])
+        netns.remove_links([self.bridge, *filter(None, [self.private_bridge])])
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- machines that go, and their replacements ------------------------------------
@@ -354,11 +290,10 @@ class Lab:
         goodbye: launch must notice by itself), then everything that ran on it, then its
         namespace. It stays in the lab's list until replace_host() takes its place."""
         host = self.host(name)
-        for link in dict.fromkeys([host.veth, *host.links]):
-            _run("ip", "link", "del", link, check=False)
+        netns.remove_links([host.veth, *host.links])
         for pid in self.pids(name):
             if _run_process(pid):
-                _kill(pid)
+                netns.kill(pid)
         # The hosts share this machine's files: a login shell killed mid-start left a lock of
         # the machine's (pyenv's rehash lock) behind, and every later login waited 60 s on it.
         # What is not the run's may finish first.
@@ -366,16 +301,11 @@ class Lab:
         while time.monotonic() < deadline and \
                 any(not _is_sshd(pid) for pid in self.pids(name)):
             time.sleep(0.1)
-        for pid in self.pids(name):
-            _kill(pid)
-        _kill(host.sshd_pid)
-        _run("ip", "netns", "del", host.netns, check=False)
-        shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
+        netns.kill(host.sshd_pid)
+        netns.remove_namespace(host.netns)
 
     def is_lost(self, name: str) -> bool:
-        listed = _run("ip", "netns", "list", check=False).stdout
-        return self.host(name).netns not in {line.split()[0] for line in listed.splitlines()
-                                             if line.strip()}
+        return self.host(name).netns not in netns.namespaces()
 
     def replace_host(self, name: str) -> LabHost:
         """A fresh host (a new namespace, address and sshd, its key in known_hosts) in the
@@ -387,14 +317,12 @@ class Lab:
         index = max(int(h.netns.rsplit("h", 1)[1]) for h in self.hosts) + 1
         net = ipaddress.ip_network(self.subnet)
         host = LabHost(name=f"host{index}", netns=f"lab{self.lab_id}h{index}",
-                       address=str(net.network_address + 10 + index),
-                       veth=f"lab{self.lab_id}v{index}")
+                       address=netns.host_address(net, index), veth=f"lab{self.lab_id}v{index}")
         self.hosts[self.hosts.index(lost)] = host
         self.save()
-        self._namespace(host)
+        netns.add_namespace(host.netns)
         self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
-        _run("ip", "netns", "exec", host.netns, "ip", "route", "add", "default", "via",
-             str(net.network_address + 1))
+        netns.add_default_route(host.netns, netns.gateway(net))
         with open(self.known_hosts, "a") as known:
             known.write(self._start_sshd(host))
         self.save()
@@ -411,33 +339,28 @@ class Lab:
 
     def pids(self, name: str) -> list[int]:
         """Processes whose network namespace is this host's: what runs 'on' the host."""
-        return _netns_pids(self.host(name).netns)
+        return netns.pids(self.host(name).netns)
 
     def cap(self, name: str, rate: str, burst: str = "256kb", latency: str = "100ms") -> None:
         """Token-bucket limit on both directions of the host's link."""
         host = self.host(name)
         for prefix in ((), ("ip", "netns", "exec", host.netns)):
             dev = host.ifname if prefix else host.veth
-            _run(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+            run(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                  "burst", burst, "latency", latency)
 
     def uncap(self, name: str) -> None:
         host = self.host(name)
         for prefix in ((), ("ip", "netns", "exec", host.netns)):
             dev = host.ifname if prefix else host.veth
-            _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+            run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
 
     def tx_bytes(self, name: str) -> int:
         """Bytes the host has sent on its link (its eth0 counter)."""
         host = self.host(name)
-        out = _run("ip", "netns", "exec", host.netns, "cat",
-                   f"/sys/class/net/{host.ifname}/statistics/tx_bytes").stdout
+        out = run("ip", "netns", "exec", host.netns, "cat",
+                  f"/sys/class/net/{host.ifname}/statistics/tx_bytes").stdout
         return int(out.strip())
-
-
-def _netns_pids(netns: str) -> list[int]:
-    out = _run("ip", "netns", "pids", netns, check=False).stdout
-    return [int(p) for p in out.split()]
 
 
 def _run_process(pid: int) -> bool:
@@ -453,13 +376,6 @@ def _is_sshd(pid: int) -> bool:
         return Path(f"/proc/{pid}/comm").read_text().strip() == "sshd"
     except OSError:
         return True
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class LabFleet:

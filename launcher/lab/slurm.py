@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.lab.hosts import LabError, _free_subnet, _run
+from launcher.lab import netns
+from launcher.lab.netns import LabError, run
 
 LAB_FILE = "slurm-lab.json"
 PARTITION = "lab"
@@ -48,12 +49,7 @@ def slurm_lab_unavailable_reason() -> str | None:
     if missing:
         return ("the Slurm lab needs Debian's Slurm and munge (missing: " + ", ".join(missing)
                 + "): apt-get install slurm-wlm munge")
-    probe = subprocess.run(["ip", "netns", "add", "launch-probe-" + secrets.token_hex(3)],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"network namespaces are not available here: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe.args[3]], capture_output=True)
-    return None
+    return netns.unavailable_reason()
 
 
 def _sbin(tool: str) -> str:
@@ -127,7 +123,7 @@ class SlurmLab:
                            f"{directory}` first")
         directory.mkdir(parents=True, exist_ok=True)
         lab_id = secrets.token_hex(2)
-        net = _free_subnet()
+        net = netns.free_subnet()
         lab = cls(str(directory), lab_id, str(net), f"slm{lab_id}br", f"slm{lab_id}ctl",
                   _free_port(), max(1, (os.cpu_count() or 1) // hosts),
                   sockets=f"{'/run' if os.access('/run', os.W_OK) else '/tmp'}/slm{lab_id}")
@@ -139,25 +135,17 @@ class SlurmLab:
         return lab
 
     def _build(self, count: int, net: ipaddress.IPv4Network) -> None:
-        gateway = net.network_address + 1
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", self.bridge)
-        _run("ip", "link", "set", self.bridge, "up")
+        netns.add_bridge(self.bridge, net)
         self.hosts = [SlurmLabHost(name=f"slm{self.lab_id}n{i}", netns=f"slm{self.lab_id}h{i}",
-                                   address=str(net.network_address + 10 + i),
+                                   address=netns.host_address(net, i),
                                    veth=f"slm{self.lab_id}v{i}") for i in range(count)]
         self.save()
         for host in self.hosts:
-            _run("ip", "netns", "add", host.netns)
-            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
-                 "netns", host.netns)
-            _run("ip", "link", "set", host.veth, "master", self.bridge, "up")
-            _run("ip", "-n", host.netns, "addr", "add", f"{host.address}/{net.prefixlen}",
-                 "dev", "eth0")
-            _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
-            _run("ip", "-n", host.netns, "link", "set", "lo", "up")
-            _run("ip", "-n", host.netns, "route", "add", "default", "via", str(gateway))
-        self._write_files(str(gateway))
+            netns.add_namespace(host.netns)
+            netns.add_link(host.netns, host.veth, "eth0", self.bridge, host.address,
+                           net.prefixlen)
+            netns.add_default_route(host.netns, netns.gateway(net))
+        self._write_files(str(netns.gateway(net)))
         self._start_munged()
         self._start_slurmctld()
         for host in self.hosts:
@@ -232,7 +220,7 @@ class SlurmLab:
 
     def _start_munged(self) -> None:
         key = self.dir / "munge" / "munge.key"
-        _run(_sbin("mungekey"), "--create", f"--keyfile={key}")
+        run(_sbin("mungekey"), "--create", f"--keyfile={key}")
         os.chmod(key, 0o600)
         m = self.dir / "munge"
         # --force: munged refuses a socket folder it did not make under /run otherwise.
@@ -325,11 +313,8 @@ class SlurmLab:
         _stop(self.slurmctld_pid)
         _stop(self.munged_pid)
         for host in self.hosts:
-            for pid in self.pids(host.name):
-                _kill(pid)
-            _run("ip", "netns", "del", host.netns, check=False)
-            _run("ip", "link", "del", host.veth, check=False)
-        _run("ip", "link", "del", self.bridge, check=False)
+            netns.remove_namespace(host.netns, [host.veth])
+        netns.remove_links([self.bridge])
         if self.sockets:
             shutil.rmtree(self.sockets, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -352,8 +337,7 @@ class SlurmLab:
 
     def pids(self, name: str) -> list[int]:
         """Processes whose network namespace is this host's: what runs 'on' the host."""
-        out = _run("ip", "netns", "pids", self.host(name).netns, check=False).stdout
-        return [int(p) for p in out.split()]
+        return netns.pids(self.host(name).netns)
 
     def job_pids(self, name: str) -> list[int]:
         """What runs on a host besides its slurmd: job processes (slurmstepd and below)."""
@@ -378,13 +362,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stop(pid: int, timeout: float = 5.0) -> None:
     """SIGTERM a daemon the lab started (by its recorded pid), SIGKILL if it lingers."""
     if not pid:
@@ -402,4 +379,4 @@ def _stop(pid: int, timeout: float = 5.0) -> None:
             if not _alive(pid):
                 return
         time.sleep(0.05)
-    _kill(pid)
+    netns.kill(pid)

@@ -21,23 +21,13 @@ import yaml
 
 from launcher.cluster.inventory import load_inventory
 from launcher.core.bundled import playbooks_dir
-from launcher.lab.hosts import Lab, lab_unavailable_reason
+from launcher.lab.hosts import Lab
 from launcher.provision import hostkeys
 from launcher.provision.ledger import Ledger
 from tests.run.conftest import write_recipe
 from tests.ssh.conftest import only_sshd_left, run_env_pids
 
 pytestmark = [pytest.mark.lab]
-
-
-@pytest.fixture(scope="module")
-def private_lab(tmp_path_factory):
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    built = Lab.create(tmp_path_factory.mktemp("jump") / "lab", hosts=2, private_workers=True)
-    yield built
-    built.destroy()
 
 
 def _host_key(lab: Lab, host: str) -> str:

@@ -9,21 +9,10 @@ import json
 import pytest
 import yaml
 
-from launcher.lab.hosts import Lab, lab_unavailable_reason
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.ssh.conftest import only_sshd_left
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    built = Lab.create(tmp_path_factory.mktemp("joblab") / "lab", hosts=2)
-    yield built
-    built.destroy()
 
 
 @pytest.fixture

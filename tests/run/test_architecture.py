@@ -89,6 +89,18 @@ def test_every_folder_imports_only_from_below():
     assert not upward, "an import upwards (move the shared piece down):\n" + "\n".join(upward)
 
 
+def test_no_module_imports_another_ones_private_names():
+    """A name another module needs is part of its interface: public, documented there."""
+    private = [f"{path.relative_to(REPO)}:{node.lineno} imports {node.module}.{alias.name}"
+               for path in modules().values()
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.split(".")[0] in ("launcher", "train")
+               for alias in node.names
+               if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not private, "private names imported across modules:\n" + "\n".join(private)
+
+
 def test_launcher_top_level_holds_only_the_entry_points():
     """A newcomer finds each module by its folder: nothing else sits at launcher/'s top."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))

@@ -28,7 +28,6 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.lab import netns
 from tests.setup import stand_ins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,24 +159,13 @@ class Lab:
     second_node_ip: str  # a second node in the same namespace (node-to-node SSH)
 
 
-def _remove_namespace(name: str) -> None:
-    """Kill what runs in the namespace (by pid), then delete it (its veth end goes with it)."""
-    pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    _run(["ip", "netns", "del", name], check=False)
-
-
 def _remove_stale_namespaces() -> None:
     """Namespaces of sessions that were killed before their teardown (SIGKILL, power loss)."""
     names = _run(["ip", "netns", "list"], check=False).stdout.split()
     for name in names:
         if name.startswith(NS_PREFIX) and name[len(NS_PREFIX):].isdigit():
             if not Path(f"/proc/{name[len(NS_PREFIX):]}").exists():
-                _remove_namespace(name)
+                netns.remove_namespace(name)
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +180,7 @@ def lab(lab_ready):
               second_node_ip=f"10.251.{third}.3")
     node_if = lab.host_if + "n"
     try:
-        _run(["ip", "netns", "add", lab.netns])
+        netns.add_namespace(lab.netns)
         _run(["ip", "link", "add", lab.host_if, "type", "veth", "peer", "name", node_if])
         _run(["ip", "link", "set", node_if, "netns", lab.netns])
         _run(["ip", "addr", "add", f"{lab.host_ip}/29", "dev", lab.host_if])
@@ -199,11 +188,9 @@ def lab(lab_ready):
         for address in (lab.node_ip, lab.second_node_ip):
             _run(["ip", "-n", lab.netns, "addr", "add", f"{address}/29", "dev", node_if])
         _run(["ip", "-n", lab.netns, "link", "set", node_if, "up"])
-        _run(["ip", "-n", lab.netns, "link", "set", "lo", "up"])
         yield lab
     finally:
-        _remove_namespace(lab.netns)
-        _run(["ip", "link", "del", lab.host_if], check=False)
+        netns.remove_namespace(lab.netns, [lab.host_if])
 
 
 # ---- NVIDIA's repository and AWS's EFA installer, stood in for ---------------------------------

@@ -3,21 +3,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
-from launcher.lab.slurm import SlurmLab, slurm_lab_unavailable_reason
-
-
-@pytest.fixture(scope="module")
-def slurm_lab(tmp_path_factory):
-    """A two-host Slurm cluster (slurmctld, a slurmd per network namespace), shared by the
-    tests of a module (each ends its own jobs), removed afterwards even when a test fails."""
-    reason = slurm_lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = SlurmLab.create(tmp_path_factory.mktemp("slurmlab") / "lab", hosts=2)
-    yield lab
-    lab.destroy()
+from launcher.lab.slurm import SlurmLab
 
 
 def slurm_env(lab: SlurmLab) -> dict[str, str]:

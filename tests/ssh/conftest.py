@@ -1,27 +1,14 @@
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
-from launcher.lab.hosts import Lab, lab_unavailable_reason
+from launcher.lab.hosts import Lab
 from tests.run.conftest import run_pids
 from train import mirror
 from train.mirror import FolderStore
-
-
-@pytest.fixture
-def lab(tmp_path_factory):
-    """Two SSH hosts in network namespaces, removed afterwards even when the test fails."""
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    built = Lab.create(tmp_path_factory.mktemp("lab") / "lab", hosts=2)
-    yield built
-    built.destroy()
 
 
 def run_env_pids(lab: Lab, host: str, run_id: str) -> list[int]:
@@ -77,9 +64,10 @@ def new_key(directory: Path) -> str:
     return str(key)
 
 
-def remote_run_dirs(lab: Lab) -> list[str]:
+def remote_run_dirs(lab: Lab, run_id: str) -> list[str]:
+    """The run's folders on the hosts (<run_root>/<run_id>.<uid>)."""
     root = lab.dir / "node-runs"
-    return sorted(os.listdir(root)) if root.exists() else []
+    return sorted(p.name for p in root.glob(f"{run_id}.*")) if root.exists() else []
 
 
 def mirrored(dest_root, run_id: str) -> dict:

@@ -22,7 +22,7 @@ def _nothing_started(lab, tmp_path, proc):
     assert "Traceback" not in proc.stderr
     assert "nothing was started" in proc.stderr
     assert only_sshd_left(lab) == {}
-    assert remote_run_dirs(lab) == []
+    assert remote_run_dirs(lab, "pre") == []
     assert not (tmp_path / "runs").exists()
 
 
@@ -112,17 +112,19 @@ def test_more_nodes_than_inventory_and_no_target(lab, run_launch, tmp_path):
 
 def test_dry_run_connects_to_nothing(lab, run_launch, tmp_path):
     recipe = write_recipe(tmp_path, env={"X": "$(touch /tmp/nope)"})
+    # The module's tests share the lab: what this test's run would log comes after this.
+    logged = {h.name: (lab.dir / h.name / "sshd.log").stat().st_size for h in lab.hosts}
     proc = run_launch("run", "--nodes", "2", str(recipe), "-i", str(lab.inventory), "--dry-run",
-                      "--json", check=True)
+                      "--json", "--run-id", "dry", check=True)
     import json
 
     plan = json.loads(proc.stdout)
     assert [n["address"] for n in plan["nodes"]] == [h.address for h in lab.hosts]
     assert plan["rendezvous"]["endpoint"] == f"{lab.hosts[0].address}:29500"
     assert plan["nodes"][1]["env"]["X"] == "$(touch /tmp/nope)"
-    sshd_logs = [(lab.dir / h.name / "sshd.log").read_text() for h in lab.hosts]
-    assert not any("Accepted publickey" in log for log in sshd_logs)
-    assert remote_run_dirs(lab) == []
+    sshd_logs = [(lab.dir / h.name / "sshd.log").read_bytes()[logged[h.name]:] for h in lab.hosts]
+    assert not any(b"Accepted publickey" in log for log in sshd_logs)
+    assert remote_run_dirs(lab, "dry") == []
 
 
 def test_node_env_file_reaches_every_rank_and_recipe_env_wins(lab, run_launch, tmp_path):

@@ -35,6 +35,14 @@ def nodes(lab, monkeypatch, tmp_path):
         conn.close()
 
 
+@pytest.fixture
+def node_dir(lab, request) -> Path:
+    """This test's own folder on the hosts (the module's tests share the lab)."""
+    path = lab.dir / request.node.name
+    path.mkdir()
+    return path
+
+
 def serving(lab) -> list[int]:
     """The node programs of ships still running on the lab's hosts."""
     found = []
@@ -55,45 +63,45 @@ def wait_until_no_ship_runs(lab) -> None:
         time.sleep(0.01)
 
 
-def ship_all(nodes, manifest, lab):
+def ship_all(nodes, manifest, node_dir):
     """Every node at once, as launch does; each node's copy in its own folder."""
     def one(pair):
         n, conn = pair
-        return ship_ssh(conn, manifest, str(lab.dir / n.name / "workdir"), python=PYTHON,
+        return ship_ssh(conn, manifest, str(node_dir / n.name / "workdir"), python=PYTHON,
                         host=n.name)
 
     with ThreadPoolExecutor(len(nodes)) as pool:
         return list(pool.map(one, nodes))
 
 
-def test_ships_by_content_to_every_node(lab, nodes, tmp_path):
+def test_ships_by_content_to_every_node(lab, nodes, node_dir, tmp_path):
     project = make_tree(tmp_path / "project", PROJECT)
     (project / "run.sh").chmod(0o755)
     (project / "pkg/data.csv").chmod(0o600)
     (project / "weights.bin").write_bytes(os.urandom(5_000_000))
     first = scan_workdir(project)
-    stats = ship_all(nodes, first, lab)
+    stats = ship_all(nodes, first, node_dir)
     assert [s.files_sent for s in stats] == [first.files - 1] * 2   # one content twice
     for n, _ in nodes:
-        assert tree_of(lab.dir / n.name / "workdir") == expected_tree(first)
+        assert tree_of(node_dir / n.name / "workdir") == expected_tree(first)
 
-    unchanged = ship_all(nodes, scan_workdir(project), lab)
+    unchanged = ship_all(nodes, scan_workdir(project), node_dir)
     assert [(s.files_sent, s.bytes_sent) for s in unchanged] == [(0, 0)] * 2
 
     # The jobs changed shipped files in place; here one file changes, one goes.
-    with open(lab.dir / "host0/workdir/train.py", "r+b") as f:
+    with open(node_dir / "host0/workdir/train.py", "r+b") as f:
         f.write(b"CORRUPTED")
-    os.truncate(lab.dir / "host1/workdir/weights.bin", 10)
-    (lab.dir / "host1/workdir/outputs/metrics.json").write_text("{}")   # the job's own
+    os.truncate(node_dir / "host1/workdir/weights.bin", 10)
+    (node_dir / "host1/workdir/outputs/metrics.json").write_text("{}")   # the job's own
     (project / "pkg/__init__.py").write_text("VALUE = 43\n")
     (project / "same_b.txt").unlink()
     changed = scan_workdir(project)
-    one = ship_all(nodes, changed, lab)
+    one = ship_all(nodes, changed, node_dir)
     assert [(s.files_sent, s.dest) for s in one] == [
-        (2, str(lab.dir / "host0/workdir")), (2, str(lab.dir / "host1/workdir"))]
+        (2, str(node_dir / "host0/workdir")), (2, str(node_dir / "host1/workdir"))]
     assert one[1].bytes_sent == len("VALUE = 43\n") + 5_000_000
     for n, _ in nodes:
-        got = tree_of(lab.dir / n.name / "workdir")
+        got = tree_of(node_dir / n.name / "workdir")
         if n.name == "host1":
             assert got.pop("outputs/metrics.json")[2] == b"{}"
         assert got == expected_tree(changed)
@@ -104,10 +112,10 @@ def test_ships_by_content_to_every_node(lab, nodes, tmp_path):
     assert serving(lab) == []
 
 
-def test_a_busy_copy_moves_to_a_sibling(lab, nodes, tmp_path):
+def test_a_busy_copy_moves_to_a_sibling(lab, nodes, node_dir, tmp_path):
     project = make_tree(tmp_path / "project", PROJECT)
     n, conn = nodes[0]
-    dest = lab.dir / "workdir"
+    dest = node_dir / "workdir"
     first = scan_workdir(project)
     want_first = expected_tree(first)
     ship_ssh(conn, first, str(dest), python=PYTHON)
@@ -119,12 +127,12 @@ def test_a_busy_copy_moves_to_a_sibling(lab, nodes, tmp_path):
         moved = ship_ssh(conn, second, str(dest), python=PYTHON)
         assert (moved.dest, moved.files_sent) == (f"{dest}.2", 1)
         assert tree_of(dest) == want_first
-        assert tree_of(lab.dir / "workdir.2") == expected_tree(second)
+        assert tree_of(node_dir / "workdir.2") == expected_tree(second)
     finally:
         os.close(job)
 
 
-def test_concurrent_ships_to_one_node(lab, nodes, tmp_path):
+def test_concurrent_ships_to_one_node(lab, nodes, node_dir, tmp_path):
     n, _ = nodes[0]
     states, expected = [], {}
     for i in range(3):
@@ -136,25 +144,25 @@ def test_concurrent_ships_to_one_node(lab, nodes, tmp_path):
     try:
         with ThreadPoolExecutor(6) as pool:
             used = list(pool.map(lambda i: ship_ssh(conns[i], states[i % 3],
-                                                    str(lab.dir / "workdir"), python=PYTHON),
+                                                    str(node_dir / "workdir"), python=PYTHON),
                                  range(6)))
     finally:
         for conn in conns:
             conn.close()
-    assert {s.dest for s in used} <= {str(lab.dir / "workdir")} | {
-        f"{lab.dir / 'workdir'}.{k}" for k in range(2, 7)}
-    for copy in [p for p in lab.dir.glob("workdir*") if p.is_dir()]:
+    assert {s.dest for s in used} <= {str(node_dir / "workdir")} | {
+        f"{node_dir / 'workdir'}.{k}" for k in range(2, 7)}
+    for copy in [p for p in node_dir.glob("workdir*") if p.is_dir()]:
         digest = json.loads((copy / ".launch-shipped.json").read_text())["digest"]
         assert {p: v[:3] for p, v in tree_of(copy).items()} == \
             {p: v[:3] for p, v in expected[digest].items()}
 
 
-def test_a_dropped_connection_leaves_the_copy_usable(lab, nodes, tmp_path):
+def test_a_dropped_connection_leaves_the_copy_usable(lab, nodes, node_dir, tmp_path):
     project = make_tree(tmp_path / "project", PROJECT)
     (project / "big.bin").write_bytes(os.urandom(20_000_000))
     manifest = scan_workdir(project)
     n, _ = nodes[0]
-    dest = lab.dir / "workdir"
+    dest = node_dir / "workdir"
     conn = connect(n, SshOptions())
     channel = conn.client.get_transport().open_session()
     channel.exec_command(remote(PYTHON, "-c", NODE_SOURCE, "serve", str(dest)))
@@ -177,28 +185,28 @@ def test_a_dropped_connection_leaves_the_copy_usable(lab, nodes, tmp_path):
     assert list(dest.glob(".launch-staging-*")) == []
 
 
-def test_problems_are_named_by_host(lab, nodes, tmp_path):
+def test_problems_are_named_by_host(lab, nodes, node_dir, tmp_path):
     manifest = scan_workdir(make_tree(tmp_path / "project", PROJECT))
     n, conn = nodes[1]
     with pytest.raises(WorkdirError) as err:
-        ship_ssh(conn, manifest, str(lab.dir / "x"), python="/nonexistent/python3", host=n.name)
+        ship_ssh(conn, manifest, str(node_dir / "x"), python="/nonexistent/python3", host=n.name)
     assert str(err.value) == (f"host {n.name}: interpreter /nonexistent/python3 "
                               "(launch_python) not found: run `launch setup` or set "
                               "launch_python")
-    (lab.dir / "afile").write_text("")
+    (node_dir / "afile").write_text("")
     with pytest.raises(WorkdirError) as err:
-        ship_ssh(conn, manifest, str(lab.dir / "afile"), python=PYTHON, host=n.name)
+        ship_ssh(conn, manifest, str(node_dir / "afile"), python=PYTHON, host=n.name)
     assert str(err.value) == (f"host {n.name}: shipping workdir {manifest.root} to "
-                              f"{lab.dir / 'afile'} failed: {lab.dir / 'afile'} exists and is "
+                              f"{node_dir / 'afile'} failed: {node_dir / 'afile'} exists and is "
                               "not a folder")
     # A file that vanished after the scan: named, and the node's copy is left as it was.
     (manifest.root / "pkg/data.csv").unlink()
     with pytest.raises(WorkdirError, match="pkg/data.csv changed after launch scanned"):
-        ship_ssh(conn, manifest, str(lab.dir / "y"), python=PYTHON)
+        ship_ssh(conn, manifest, str(node_dir / "y"), python=PYTHON)
     wait_until_no_ship_runs(lab)
-    assert sorted(os.listdir(lab.dir / "y")) == [".launch-lock"]
+    assert sorted(os.listdir(node_dir / "y")) == [".launch-lock"]
     # The connection is still good for the next ship.
     (manifest.root / "pkg/data.csv").write_text(PROJECT["pkg/data.csv"])
     fixed = scan_workdir(manifest.root)
-    ship_ssh(conn, fixed, str(lab.dir / "y"), python=PYTHON)
-    assert tree_of(lab.dir / "y") == expected_tree(fixed)
+    ship_ssh(conn, fixed, str(node_dir / "y"), python=PYTHON)
+    assert tree_of(node_dir / "y") == expected_tree(fixed)

@@ -16,16 +16,3 @@ def world_of_one():
                             world_size=1)
     yield
     dist.destroy_process_group()
-
-
-@pytest.fixture
-def capped_lab(tmp_path_factory):
-    """Two lab hosts whose links are capped at 20 Mbit/s each way."""
-    from launcher.lab.hosts import Lab, lab_unavailable_reason
-
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = Lab.create(tmp_path_factory.mktemp("lab") / "lab", hosts=2, cap="20mbit")
-    yield lab
-    lab.destroy()

@@ -22,7 +22,7 @@ from typing import Any
 from launcher.core.errors import RunFailed
 from launcher.execute.backend import LaunchOptions, trainer_code_dir
 from launcher.execute.runner import execute_plan
-from launcher.execute.supervisor import _StopRequest
+from launcher.execute.supervisor import StopRequest
 from launcher.job.setup import SETUP_LOG
 from launcher.report.display import make_display
 from launcher.runs.folder import STAMP_ENV, RunFolder
@@ -328,7 +328,7 @@ def run_job(job: SlurmJob, folder: RunFolder, options: LaunchOptions,
                         "node reads")
     (folder.root / SCRIPT_NAME).write_text(job.script())
     slurm_doc: dict[str, Any] = {"sbatch": job.sbatch_argv(), "script": SCRIPT_NAME}
-    with _StopRequest() as stop:
+    with StopRequest() as stop:
         try:
             job_id = submit(job, folder.stamp)
         except SlurmError as err:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
+from launcher.check.probe import node_function
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import HostProblem, SshOptions, connect, remote, run_with_input
 from launcher.core.errors import LauncherError
@@ -44,7 +45,8 @@ from launcher.job.recipe import Recipe, check_recipe_for_hardware
 # cached in ~/.cache/launch/torch-facts.json under a key of everything that could change them:
 # the interpreter, torch's installed version and its folder's mtime, the NVIDIA driver's
 # version, the GPU devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
-PROBE = r"""
+# What torch says is asked as `launch check` asks it: ask_node.py's torch_facts, put in front.
+PROBE = node_function("torch_facts") + r"""
 import base64, hashlib, json, os, shutil, socket, subprocess, sys
 args = json.loads(sys.argv[1])
 addr, port, env_file = args["addr"], int(args["port"]), args["env_file"]
@@ -80,7 +82,7 @@ def read(path):
     except OSError:
         return ""
 
-def torch_facts():
+def cached_torch_facts():
     import importlib.metadata, importlib.util
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
@@ -101,12 +103,9 @@ def torch_facts():
             return dict(cached[key], cached=True)
     except (OSError, ValueError, AttributeError):
         cached = {}
-    try:
-        import torch
-        facts = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                 "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
-    except Exception as err:
-        return {"torch_error": f"{type(err).__name__}: {err}"}
+    facts = torch_facts()
+    if "error" in facts or "cuda_error" in facts:
+        return {"torch_error": facts.get("error") or f"CUDA: {facts['cuda_error']}"}
     try:
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         if not isinstance(cached, dict):
@@ -119,7 +118,7 @@ def torch_facts():
         pass
     return facts
 
-out.update(torch_facts())
+out.update(cached_torch_facts())
 try:
     listing = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
     out["addresses"] = []

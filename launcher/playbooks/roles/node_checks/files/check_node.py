@@ -211,7 +211,7 @@ class Checks:
             return "fail", f"{e.get('nccl_package')} is not installed"
         if version != e.get("nccl_version"):
             return "fail", f"{e.get('nccl_package')} {version}, pinned {e.get('nccl_version')}"
-        links = nccl_linked(os.path.join(e.get("nccl_tests_bin") or "", "all_reduce_perf"))
+        links = linked_nccl(os.path.join(e.get("nccl_tests_bin") or "", "all_reduce_perf"))
         note = f"; nccl-tests link NCCL {links}" if links else ""
         return "ok", f"{version}{' held' if held else ' NOT held'}{note}"
 
@@ -270,12 +270,18 @@ def gpudirect_rdma() -> str | None:
     return None
 
 
-def nccl_linked(binary: str) -> str | None:
-    """The NCCL version a binary loads (libnccl.so.2 -> libnccl.so.2.26.2)."""
+def linked_nccl(binary: str) -> str | None:
+    """The NCCL release a binary loads (libnccl.so.2 -> libnccl.so.2.29.7): the system's, not the
+    one torch's wheel bundles. The same text in collect_node_facts.py and check_node.py: each is
+    shipped alone by ansible.builtin.script (tests/setup/test_node_scripts_agree.py)."""
     if not os.path.exists(binary):
         return None
-    rc, out = run(["ldd", binary])
-    match = re.search(r"libnccl\.so\.\d+ => (\S+)", out) if rc == 0 else None
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=60,
+                             check=False, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"libnccl\.so\.\d+ => (\S+)", out)
     if not match:
         return None
     real = os.path.basename(os.path.realpath(match.group(1)))

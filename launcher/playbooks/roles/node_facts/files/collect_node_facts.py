@@ -124,12 +124,17 @@ def efa_facts(fi_info: str) -> dict:
 
 
 def linked_nccl(binary: str) -> str | None:
-    """The NCCL release nccl-tests load (libnccl.so.2 -> libnccl.so.2.29.7): the system's, not
-    the one torch's wheel bundles (both are in the facts, so a difference shows)."""
+    """The NCCL release a binary loads (libnccl.so.2 -> libnccl.so.2.29.7): the system's, not the
+    one torch's wheel bundles. The same text in collect_node_facts.py and check_node.py: each is
+    shipped alone by ansible.builtin.script (tests/setup/test_node_scripts_agree.py)."""
     if not os.path.exists(binary):
         return None
-    out, _ = run(["ldd", binary])
-    match = re.search(r"libnccl\.so\.\d+ => (\S+)", out or "")
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=60,
+                             check=False, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"libnccl\.so\.\d+ => (\S+)", out)
     if not match:
         return None
     real = os.path.basename(os.path.realpath(match.group(1)))
