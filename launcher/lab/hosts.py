@@ -49,6 +49,17 @@ def lab_unavailable_reason() -> str | None:
     return netns.unavailable_reason()
 
 
+def sshd_path(path: Path) -> str:
+    """A path as one sshd_config argument: double-quoted, so a lab folder may hold spaces.
+    sshd has no escape for a quote and expands %-tokens in AuthorizedKeysFile: refused."""
+    text = str(path)
+    bad = [c for c in ('"', "%", "\n", "\r") if c in text]
+    if bad:
+        raise LabError(f"{text}: a lab folder cannot hold {' or '.join(map(repr, bad))} "
+                       "(sshd_config cannot say it); choose another --dir")
+    return f'"{text}"'
+
+
 @dataclass
 class LabHost:
     name: str
@@ -102,6 +113,7 @@ class Lab:
         if reason:
             raise LabError(reason)
         directory = Path(directory).resolve()
+        sshd_path(directory)   # refused before anything is made
         directory.mkdir(parents=True, exist_ok=True)
         lab_id = secrets.token_hex(2)
         net = netns.free_subnet()
@@ -211,9 +223,9 @@ class Lab:
         config.write_text("\n".join([
             "Port 22",
             *(f"ListenAddress {a}" for a in dict.fromkeys([host.address, host.rank_address])),
-            f"HostKey {host_key}",
-            f"PidFile {hdir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            f"HostKey {sshd_path(host_key)}",
+            f"PidFile {sshd_path(hdir / 'sshd.pid')}",
+            f"AuthorizedKeysFile {sshd_path(self.dir / 'authorized_keys')}",
             "PermitRootLogin prohibit-password",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
