@@ -72,7 +72,7 @@ from launcher.execute.backend import Recover  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
-from train.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
+from launch_node.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
 
 
 def recipe(name: str, steps: int, checkpoint: dict | None, restarts: int = 0,

@@ -127,10 +127,3 @@ def in_parallel(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int
     for item, future in futures.items():
         out[item] = future.exception() or future.result()
     return out
-
-
-def trainer_code_dir() -> Path:
-    """The folder holding launch's train/ (launcher/core/bundled.py install_root)."""
-    from launcher.core.bundled import install_root
-
-    return install_root()

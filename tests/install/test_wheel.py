@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.core.node_code import PACKAGES
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,12 +120,12 @@ def test_the_wheel_ships_playbooks_recipes_and_the_example_inventory(installed):
                  "launcher/playbooks/roles/efa/templates/nccl.env.j2",
                  "launcher/recipes/vit-tiny-local.yml", "launcher/recipes/vit-b16-p4d.yml",
                  "launcher/recipes/vit-b16-g6e.yml", "launcher/examples/inventory.example.yml",
-                 "train/main.py"):
+                 "train/main.py", "launch_node/worker.py", "launch_bench/bench.py"):
         assert must in names, must
-    # Every file of the two packages, data files included: a file added to launcher/ or train/
-    # later and forgotten in pyproject's package-data fails here.
+    # Every file of launcher and the node code, data files included: a file or package added
+    # later and forgotten in pyproject's packages or package-data fails here.
     source = {p.relative_to(REPO).as_posix()
-              for top in ("launcher", "train") for p in (REPO / top).rglob("*")
+              for top in ("launcher", *PACKAGES) for p in (REPO / top).rglob("*")
               if p.is_file() and "__pycache__" not in p.parts}
     assert sorted(source - names) == []
 

@@ -9,8 +9,8 @@ import yaml
 
 from launcher.lab.hosts import Lab, lab_unavailable_reason
 from tests.run.conftest import run_pids
-from train import mirror
-from train.mirror import FolderStore
+from launch_node import mirror
+from launch_node.mirror import FolderStore
 
 
 @pytest.fixture

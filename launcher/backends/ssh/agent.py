@@ -3,7 +3,6 @@ stream, signal by recorded process group, fetch the node's files."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import queue
@@ -53,19 +52,6 @@ exec 3<&0
 exec "$@" </dev/null 3<&-
 """
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
-def code_files(code_dir: Path) -> list[str]:
-    """What every node gets: the trainer package (relative paths, sorted)."""
-    return sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
-
-
-def content_hash(base: Path, files: list[str]) -> str:
-    digest = hashlib.sha256()
-    for rel in files:
-        digest.update(rel.encode() + b"\0")
-        digest.update((base / rel).read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def upload(conn: Connection, node_dir: str, code_dir: Path, files: list[str],
            recipe_file: Path | None) -> None:
     """Copy the code into NODE_DIR/code/ (and the recipe to NODE_DIR/recipe.yml): one mkdir
@@ -193,7 +179,7 @@ class SshNodeProcess:
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
     def _probe(self, *args: str, timeout: float) -> Any:
-        """train/node_probe.py on the node, with the node's Python, in the node's folder."""
+        """launch_node/node_probe.py on the node, with the node's Python, in the node's folder."""
         line = remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
                       self.command.cwd or ".", *self.command.probe, *args)
         result = self.connection().run(line, hide=True, warn=True, in_stream=False,

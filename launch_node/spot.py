@@ -1,7 +1,7 @@
 """EC2's spot interruption notice, read on the node from its instance metadata (IMDSv2), and
 the last-chance checkpoint signal to the run's ranks there.
 
-    python train/spot.py watch RUN_DIR [--interval 5]
+    python launch_node/spot.py watch RUN_DIR [--interval 5]
 
 (the run's stamp and the node's name from LAUNCH_RUN_STAMP and LAUNCH_NODE, which every
 process of a run gets).
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.node_probe import STAMP_ENV, _environ, rank_processes  # noqa: E402
+from launch_node.node_probe import STAMP_ENV, _environ, rank_processes  # noqa: E402
 
 IMDS = "http://169.254.169.254"
 TOKEN_TTL_S = 21600
