@@ -42,6 +42,10 @@ from launch_node.node_probe import STAMP_ENV, _environ, rank_processes  # noqa: 
 IMDS = "http://169.254.169.254"
 TOKEN_TTL_S = 21600
 NOTICE = "spot: interruption notice:"
+# The last-chance signal, and the variable launch gives every rank of a run that may get it
+# (train/checkpoint.py: every step the ranks agree whether one of them got it).
+LAST_CHANCE = signal.SIGUSR1
+INTERRUPTIBLE_ENV = "LAUNCH_INTERRUPTIBLE"
 
 
 class Metadata:
@@ -108,10 +112,10 @@ def last_chance(run_dir: str, stamp: str, node: str | None) -> list[str]:
         pid = rank.get("pid")
         if not isinstance(pid, int) or _environ(pid).get(STAMP_ENV) != stamp:
             continue
-        if not handles(pid, signal.SIGUSR1):
+        if not handles(pid, LAST_CHANCE):
             continue
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, LAST_CHANCE)
         except OSError:
             continue
         told.append(str(rank.get("rank") if rank.get("rank") is not None else f"pid {pid}"))

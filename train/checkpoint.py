@@ -35,14 +35,11 @@ import torch
 import torch.distributed as dist
 
 from launch_node import checkpoint_files as files
+from launch_node.spot import INTERRUPTIBLE_ENV, LAST_CHANCE
 from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
 from train.options import OPTIONS, RESUME_KEYS, resume_signature
 
 KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
-# Set by launch when some node can be taken away with notice (a spot instance): every step,
-# the ranks agree whether one of them got the last-chance signal (SIGUSR1, launch_node/spot.py).
-INTERRUPTIBLE_ENV = "LAUNCH_INTERRUPTIBLE"
-LAST_CHANCE = signal.SIGUSR1
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.cluster.inventory import Node
 from launcher.job.runplan import NodeCommand, RunPlan
-from train.checkpoint import INTERRUPTIBLE_ENV
+from launch_node.spot import INTERRUPTIBLE_ENV
 
 MARKET_VAR = "launch_market"
 LABEL = "spot"
