@@ -68,14 +68,24 @@ def _step(argv: list[str], env: dict[str, str], timeout: float) -> None:
                                  f"\n{proc.stderr[-3000:]}"
 
 
+# What a checkout holds besides its source: at its top only (launcher/runs/ is source), and
+# caches anywhere.
+_CHECKOUT_ONLY = {".git", ".venv", "runs", "build", ".pytest_cache", ".cache"}
+_CACHES = shutil.ignore_patterns("*.egg-info", "__pycache__")
+
+
+def _not_source(folder: str, names: list[str]) -> set[str]:
+    top = _CHECKOUT_ONLY if Path(folder) == REPO else set()
+    return top & set(names) | set(_CACHES(folder, names))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     # Built from a clean copy: setuptools reuses a stale build/ in the source folder, which
     # could put files the checkout no longer has into the wheel (or hide a missing one).
     source = root / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".cache"))
+    shutil.copytree(REPO, source, ignore=_not_source)
     env = _outside_env()
     wheels = root / "dist"
     _step([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels),
