@@ -56,7 +56,7 @@ VARIANTS = ("launch", "script", "plain")
 
 PASSED = re.compile(r"rendezvous-passed rank=(\d+) world=(\d+) t=([0-9.]+)")
 STARTED = re.compile(r"probe-started t=([0-9.]+)")
-PROBE = REPO / "train" / "rendezvous_probe.py"
+PROBE = REPO / "launch_bench" / "rendezvous_probe.py"
 
 # Milestones in the order a launch reaches them (the last host's time, from the start).
 MILESTONES = ("connected", "code uploaded", "workdir shipped", "probed", "preflight done",
@@ -144,7 +144,7 @@ def timed(timeline: Timeline):
 
 
 def probe_program(place):
-    return [f"{place.code_dir}/train/rendezvous_probe.py"]
+    return [f"{place.code_dir}/launch_bench/rendezvous_probe.py"]
 
 
 def recipe_for(hosts: int):
@@ -209,7 +209,7 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int
     plan = plan_inventory(recipe_for(hosts), nodes, run_id, rdzv_port=port,
                           program=probe_program)
     for cmd in plan.nodes:
-        code = Path(cmd.cwd) / "code" / "train"
+        code = Path(cmd.cwd) / "code" / "launch_bench"
         code.mkdir(parents=True, exist_ok=True)
         (code / "rendezvous_probe.py").write_bytes(PROBE.read_bytes())
     ssh = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
@@ -364,7 +364,7 @@ def time_hand_sbatch(lab, nodes: int, run_id: str, runs_dir: Path, port: int) ->
     script = folder / "hand.sbatch"
     script.write_text(HAND_SBATCH.format(
         python=shlex.quote(sys.executable), nodes=nodes, port=port,
-        probe=shlex.quote(str(REPO / "train" / "rendezvous_probe.py"))))
+        probe=shlex.quote(str(REPO / "launch_bench" / "rendezvous_probe.py"))))
     out = folder / "out.txt"
     started = time.time()
     proc = lab.client(["sbatch", "--wait", f"--nodes={nodes}", "--ntasks-per-node=1",

@@ -72,7 +72,7 @@ from launcher.execute.backend import Recover  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
-from train.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
+from launch_node.heartbeat import heartbeat_path, read_heartbeat  # noqa: E402
 
 
 def recipe(name: str, steps: int, checkpoint: dict | None, restarts: int = 0,
@@ -110,7 +110,7 @@ class TimedDisplay(PlainDisplay):
 
 
 # A restart's milestones, in order, as the lines that mark them (the last rank's line counts):
-# torchrun's agent saw its worker die; the new workers started (train/worker.py, before they
+# torchrun's agent saw its worker die; the new workers started (launch_node/worker.py, before they
 # import torch); their process group formed (train/main.py); the keeper built the data, model
 # and DDP and loaded the checkpoint; the first step since the restart ended.
 RESTART_MARKS = (("detect", "failed (exitcode:"),

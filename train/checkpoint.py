@@ -12,7 +12,7 @@ Who writes: one rank, the *keeper*: local rank 0 of the head node (LAUNCH_CHECKP
 so that checkpoints live in the head's run folder (runs/<id>/<head>/checkpoints/) whichever
 rank the rendezvous numbered 0 (c10d orders nodes by address and agent pid, so rank 0 moves
 when an agent restarts). Every rank sends the keeper its own part (RNG, residuals); the keeper
-copies the rest to CPU, and a thread writes the file (train/checkpoint_files.py: temp file,
+copies the rest to CPU, and a thread writes the file (launch_node/checkpoint_files.py: temp file,
 fsync, rename) while training goes on. The other ranks never wait on the keeper's disk.
 
 Who reads: the keeper alone (only the head's disk needs the file); it sends the shared state to
@@ -34,15 +34,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from train import checkpoint_files as files
+from launch_node import checkpoint_files as files
+from launch_node.spot import INTERRUPTIBLE_ENV, LAST_CHANCE
 from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
 from train.options import OPTIONS, RESUME_KEYS, resume_signature
 
 KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
-# Set by launch when some node can be taken away with notice (a spot instance): every step,
-# the ranks agree whether one of them got the last-chance signal (SIGUSR1, train/spot.py).
-INTERRUPTIBLE_ENV = "LAUNCH_INTERRUPTIBLE"
-LAST_CHANCE = signal.SIGUSR1
 
 
 @dataclass(frozen=True)

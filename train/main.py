@@ -2,7 +2,7 @@
 
 Rank 0 prints progress lines (parsed by `launch` for its progress display), appends one JSON
 object per logged step to OUT_DIR/metrics.jsonl and writes OUT_DIR/result.json at the end.
-Every rank keeps a heartbeat file (train/heartbeat.py); with a `checkpoint:` block the run
+Every rank keeps a heartbeat file (launch_node/heartbeat.py); with a `checkpoint:` block the run
 saves its state on schedule and, when started again (a restart, `launch run --resume`),
 continues from the latest checkpoint (train/checkpoint.py).
 """
@@ -40,7 +40,7 @@ from train.checkpoint import Checkpointer, CheckpointPolicy, signature_of  # noq
 from train.commtime import CommTimer, InterfaceCounter  # noqa: E402
 from train.data import DataSplits, ResumableSampler, load_dataset  # noqa: E402
 from train.ddp import AUTO, DDPSettings, wrap_ddp  # noqa: E402
-from train.heartbeat import Heartbeat  # noqa: E402
+from launch_node.heartbeat import Heartbeat  # noqa: E402
 from train.model import build_vit, count_parameters  # noqa: E402
 from train.options import add_options, lr_warmup_steps  # noqa: E402
 from train.stepsplit import split  # noqa: E402

@@ -1,7 +1,7 @@
-"""The collective gate: one short job (train/bench.py --gate, started through the backend's own
+"""The collective gate: one short job (launch_bench/bench.py --gate, started through the backend's own
 launch path like `launch bench`) that all-reduces over all nodes and, when that is under the
-floor or there is no floor, over pairs of nodes until the slow one is named (train/gate.py,
-train/gatesearch.py). Its verdict, and the transport each node's NCCL used against the one its
+floor or there is no floor, over pairs of nodes until the slow one is named (launch_bench/gate.py,
+launch_bench/gatesearch.py). Its verdict, and the transport each node's NCCL used against the one its
 instance type should use (EFA or sockets, from the run report), become two columns of the
 `launch check` table; `launch run --gate` refuses to start on a failed gate.
 """
@@ -32,7 +32,7 @@ WARMUP_ITERS = 3
 ITERS = 10
 # Any one collective of the gate fails after this long: a hung pair is an answer, not a wait.
 COLLECTIVE_TIMEOUT_S = 120.0
-RESULTS_FILE = "gate-results.json"   # train/gate.py writes it in the node folder of rank 0
+RESULTS_FILE = "gate-results.json"   # launch_bench/gate.py writes it in the node folder of rank 0
 
 
 class GateRefused(LauncherError):
@@ -122,7 +122,7 @@ def _size(size: int | None) -> str:
 
 def gate_program(size: int, floor_gbs: float | None):
     def program(place: Placement) -> list[str]:
-        argv = [f"{place.code_dir}/train/bench.py", "--gate", "--op", "all_reduce",
+        argv = [f"{place.code_dir}/launch_bench/bench.py", "--gate", "--op", "all_reduce",
                 "--sizes", str(size), "--warmup-iters", str(WARMUP_ITERS),
                 "--iters", str(ITERS), "--no-check", "--timeout", f"{COLLECTIVE_TIMEOUT_S:g}",
                 "--out-dir", place.run_dir]

@@ -27,7 +27,7 @@ HELP = """\
 Measures the bus bandwidth of one collective across the nodes, the way nccl-tests does: for each
 size from --min-bytes to --max-bytes (doubling), warm-up iterations, a barrier, --iters timed
 iterations (time averaged over ranks), then one more on fresh data whose every element is
-checked (#wrong). The sweep is train/bench.py started through the same torchrun launch path as
+checked (#wrong). The sweep is launch_bench/bench.py started through the same torchrun launch path as
 `launch run` (NCCL on GPUs, gloo on CPU). The table is printed in nccl-tests' own layout with
 its algbw/busbw formulas, and runs/<run_id>/ gets bandwidth.txt (that table: `launch inspect`
 reads it), bandwidth.json, bandwidth.png (busbw against size, with the link's peak from the
@@ -134,7 +134,7 @@ def _gpus(node: Node) -> int:
 
 
 def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
-    """train/bench.py on every node through the backend's launch path, as `launch run`."""
+    """launch_bench/bench.py on every node through the backend's launch path, as `launch run`."""
     low, high = _sizes(args, lambda: backend.gpus(nodes))
     program = sweep.bench_program(args.op, sweep.sweep_sizes(low, high), args.dtype,
                                   args.warmup_iters, args.iters)

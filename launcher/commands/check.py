@@ -47,7 +47,7 @@ warn, FAIL or skip, then the evidence of every cell that is not ok:
   disk      free space under launch_run_root (--min-free-gb)
 
 CPU-only nodes show the GPU checks as skip. With --collective, a short all-reduce over all
-nodes follows (train/bench.py --gate through the same launch path as `launch run`), against
+nodes follows (launch_bench/bench.py --gate through the same launch path as `launch run`), against
 --min-busbw when given, else each node against the others; when it is under the bar, node
 pairs are measured in rounds of disjoint pairs until the slow node is named (columns busbw
 and transport: the network NCCL used against the EFA/sockets the node should use).

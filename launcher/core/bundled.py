@@ -23,18 +23,6 @@ def _package_dir(name: str) -> Path:
     return found
 
 
-def install_root() -> Path:
-    """The folder holding launcher/ and launch's train/ (a checkout, or site-packages for an
-    installed wheel): train/ is found beside launcher, never through the import path, where a
-    user's own package called `train` (their project being the current folder) would be taken
-    for it."""
-    found = resources.files("launcher")
-    if not isinstance(found, Path) or not (found.parent / "train" / "worker.py").is_file():
-        raise LauncherError(f"launch's trainer package is missing beside {found}; reinstall "
-                            "launch from its wheel or checkout (unzipped)")
-    return found.parent
-
-
 def playbooks_dir() -> Path:
     """site.yml, ansible.cfg and the roles `launch setup` applies."""
     return _package_dir("playbooks")

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
@@ -127,10 +126,3 @@ def in_parallel(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int
     for item, future in futures.items():
         out[item] = future.exception() or future.result()
     return out
-
-
-def trainer_code_dir() -> Path:
-    """The folder holding launch's train/ (launcher/core/bundled.py install_root)."""
-    from launcher.core.bundled import install_root
-
-    return install_root()

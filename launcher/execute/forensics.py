@@ -1,7 +1,7 @@
 """Hang forensics: every rank's stack and process state, and which ranks are stuck.
 
 When no rank has completed a step for the hang timeout, every node describes its ranks
-(train/node_probe.py dump: /proc state, py-spy stacks, NCCL's flight recorder) and this module
+(launch_node/node_probe.py dump: /proc state, py-spy stacks, NCCL's flight recorder) and this module
 sorts them. A rank whose main thread waits inside a collective (torch.distributed, or DDP's
 gradient all-reduce inside backward while the process sleeps) is a victim: it waits for the
 others. A stopped process, a dead one, or one busy anywhere else is *stuck*: the rank the

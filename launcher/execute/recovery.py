@@ -32,7 +32,7 @@ from launcher.runs.logs import split_rank
 # binary: ..." (torch/distributed/elastic/multiprocessing/api.py).
 WORKER_FAILED = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)")
-# train/worker.py (every rank of a script, module or the trainer), and train/main.py
+# launch_node/worker.py (every rank of a script, module or the trainer), and train/main.py
 REFORMED = re.compile(r"^(launch: worker )?rank \d+/\d+ ")
 RESUMED = re.compile(r"^resumed from checkpoint step (?P<step>\d+)")
 NO_CHECKPOINT = re.compile(r"^no checkpoint to resume from")

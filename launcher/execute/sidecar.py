@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher.execute.supervisor import Outcome, describe_exit
 
-# train/spot.py's line: "spot: interruption notice: terminate at 2026-...; SIGUSR1 to ..."
+# launch_node/spot.py's line: "spot: interruption notice: terminate at 2026-...; SIGUSR1 to ..."
 NOTICE = re.compile(r"^spot: interruption notice: (?P<action>\S+) at (?P<time>\S+?);")
 EXIT_PREEMPTED = 75   # EX_TEMPFAIL: the run may go on elsewhere (--resume, --recover)
 

@@ -415,7 +415,7 @@ class Supervisor:
             time.sleep(self.poll_s)
         give_up_at = time.monotonic() + recovery.restart_deadline_s
         # LAUNCH_ATTEMPT of the restarted node: the run's restarts so far (its peers count
-        # theirs through torchrun's restart count, train/worker.py).
+        # theirs through torchrun's restart count, launch_node/worker.py).
         p.attempt_offset = recovery.attempts()
         while True:
             try:

@@ -1,4 +1,4 @@
-"""Watching a run's progress: every rank's heartbeat (train/heartbeat.py), read on every node,
+"""Watching a run's progress: every rank's heartbeat (launch_node/heartbeat.py), read on every node,
 and the time since any of them last changed.
 
 A step completes on every rank or on none (each step ends in a gradient all-reduce), so when
@@ -31,7 +31,7 @@ CPU_BUSY = 0.10
 
 class Watched(Protocol):
     """What a backend's node process offers for the hang watch (both run
-    train/node_probe.py on the node, with the node's interpreter)."""
+    launch_node/node_probe.py on the node, with the node's interpreter)."""
 
     name: str
 
@@ -101,7 +101,7 @@ class ProgressClock:
 class ActivityClock:
     """A user's job, which writes no heartbeat: progress is a new line of a worker's output,
     a LAUNCH_STEP line (launcher/runs/progress.py), or a job process that used CPU since the last
-    look (train/node_probe.py activity). Armed once the job's processes run (torchrun's
+    look (launch_node/node_probe.py activity). Armed once the job's processes run (torchrun's
     workers: the rendezvous has its own timeout); a restart disarms it until new ones run."""
 
     def __init__(self, timeout_s: float | None, now: float, steps):

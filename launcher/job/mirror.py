@@ -1,5 +1,5 @@
 """Checkpoints mirrored off the head (recipe `checkpoint.mirror`): where, by which process, and
-what the run's summary says of it. The node side is train/mirror.py; this is the plan.
+what the run's summary says of it. The node side is launch_node/mirror.py; this is the plan.
 
     checkpoint:
       every_steps: 100
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.job.runplan import NodeCommand
-from train.checkpoint_files import CHECKPOINT_DIR as CHECKPOINTS
-from train.mirror import STATUS_FILE
+from launch_node.checkpoint_files import CHECKPOINT_DIR as CHECKPOINTS
+from launch_node.mirror import STATUS_FILE
 
 # How long the end of a run waits for the watcher's last uploads (it exits as soon as they
 # are in); a checkpoint still uploading after that is not in the mirror (no manifest).
@@ -90,7 +90,7 @@ def with_mirror(plan: Any, recipe: Any, placements: dict[str, Any], uid: str) ->
         node, place = by_name[name], placements[name]
         return NodeCommand(name=name, address=node.address,
                            private_address=node.private_address, is_head=node.is_head, gpus=0,
-                           argv=(place.python, posixpath.join(place.code_dir, "train",
+                           argv=(place.python, posixpath.join(place.code_dir, "launch_node",
                                                               "mirror.py"), *argv),
                            env={**base, "LAUNCH_NODE": name}, run_dir=node.run_dir,
                            cwd=node.cwd, instance_type=node.instance_type, **where)
@@ -129,7 +129,7 @@ def newest_mirrored(mirror: str, run_id: str, uid: str | None, *,
     (no credentials, no mount): an error when `required` (this machine is the head, whose
     restore would fail alike), else None (the head asks when the run starts)."""
     from launcher.core.errors import LauncherError
-    from train.mirror import newest, object_key, store_for
+    from launch_node.mirror import newest, object_key, store_for
 
     if uid is None:
         return None

@@ -247,7 +247,7 @@ class Slurm(_Strict):
 class Checkpoint(_Strict):
     """When the trainer writes the state a run continues from (train/checkpoint.py), and
     where checkpoints are mirrored off the node that writes them (the trainer's, or a job's
-    LAUNCH_CHECKPOINT_DIR: train/mirror.py)."""
+    LAUNCH_CHECKPOINT_DIR: launch_node/mirror.py)."""
 
     every_steps: WholeNumber | None = _field("checkpoint.every_steps")
     every_minutes: Number | None = _field("checkpoint.every_minutes")
@@ -259,7 +259,7 @@ class Checkpoint(_Strict):
     @field_validator("mirror")
     @classmethod
     def _mirror(cls, value: str | None) -> str | None:
-        from train.mirror import mirror_problem
+        from launch_node.mirror import mirror_problem
 
         problem = mirror_problem(value) if value is not None else None
         if problem:

@@ -26,7 +26,7 @@ class Placement:
     """Where things are on one node; chosen by the executor (local folder or remote run dir)."""
 
     python: str          # interpreter with torch on the node
-    code_dir: str        # the folder holding launch's train/ on the node
+    code_dir: str        # the folder holding launch's node code on the node (core/node_code.py)
     run_dir: str         # the node's own folder for logs, NCCL debug files, metrics
     cwd: str | None = None
     # The job's shipped workdir on the node (where it runs), and the run's checkpoint folder
@@ -50,7 +50,7 @@ class NodeCommand:
     run_dir: str
     cwd: str | None
     instance_type: str | None = None  # from the inventory; run reports look up the catalog
-    # The node's interpreter and train/node_probe.py: what launch runs there to read the
+    # The node's interpreter and launch_node/node_probe.py: what launch runs there to read the
     # ranks' heartbeats and dump their stacks when the run hangs.
     probe: tuple[str, ...] = ()
 
@@ -121,7 +121,7 @@ class RunPlan:
     nproc_per_node: int
     nodes: tuple[NodeCommand, ...]
     notes: tuple[str, ...] = ()
-    # The rendezvous store, a process of its own on the head (train/rdzv_store.py): every
+    # The rendezvous store, a process of its own on the head (launch_node/rdzv_store.py): every
     # agent is a client of it, so no agent's exit can take the rendezvous down with it.
     store: NodeCommand | None = None
     recovery: Recovery = field(default_factory=lambda: Recovery())
@@ -305,15 +305,15 @@ def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: i
 def trainer_program(recipe: Recipe) -> Callable[[Placement], list[str]]:
     """The bundled trainer as the program torchrun starts: train/main.py with the recipe as
     flags, through launch's worker entry."""
-    return lambda place: [f"{place.code_dir}/train/worker.py", "script",
+    return lambda place: [f"{place.code_dir}/launch_node/worker.py", "script",
                           f"{place.code_dir}/train/main.py",
                           *trainer_args(recipe, place.run_dir)]
 
 
 def job_program(job: Job) -> Callable[[Placement], list[str]]:
     """The user's script or module as the program torchrun starts, through launch's worker
-    entry (train/worker.py: LAUNCH_ATTEMPT, PYTHONPATH, the rank's life tied to its agent)."""
-    return lambda place: [f"{place.code_dir}/train/worker.py", *job.worker_argv()]
+    entry (launch_node/worker.py: LAUNCH_ATTEMPT, PYTHONPATH, the rank's life tied to its agent)."""
+    return lambda place: [f"{place.code_dir}/launch_node/worker.py", *job.worker_argv()]
 
 
 def plan_run(
@@ -371,13 +371,13 @@ def plan_run(
                 max_restarts=recipe.restarts,
             ) + program(place)
         elif place.workdir:
-            # The command holds the shipped copy it runs in (train/worker.py exec).
-            argv = [place.python, f"{place.code_dir}/train/worker.py", "exec", *job.args]
+            # The command holds the shipped copy it runs in (launch_node/worker.py exec).
+            argv = [place.python, f"{place.code_dir}/launch_node/worker.py", "exec", *job.args]
         else:
             argv = list(job.args)
         env = node_env(recipe, run_id, node, place, nproc)
         if place.workdir and workdir is not None:
-            # What the copy must hold when the job starts (train/worker.py checks it).
+            # What the copy must hold when the job starts (launch_node/worker.py checks it).
             env["LAUNCH_WORKDIR_DIGEST"] = workdir.digest
         env.update(node_cluster_env or cluster_env(rank, nodes, rdzv_host, port, node_gpus))
         env["LAUNCH_ATTEMPT"] = str(attempt)
@@ -389,13 +389,13 @@ def plan_run(
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),
             env=env, run_dir=place.run_dir,
             cwd=place.workdir or place.cwd, instance_type=node.instance_type,
-            probe=(place.python, f"{place.code_dir}/train/node_probe.py"),
+            probe=(place.python, f"{place.code_dir}/launch_node/node_probe.py"),
         ))
     head_place = placements[head.name]
     store = NodeCommand(
         name=head.name, address=head.address, private_address=head.private_address,
         is_head=True, gpus=0,
-        argv=(head_place.python, f"{head_place.code_dir}/train/rdzv_store.py",
+        argv=(head_place.python, f"{head_place.code_dir}/launch_node/rdzv_store.py",
               "--host", rdzv_host, "--port", str(port)),
         env={"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": head.name, "PYTHONUNBUFFERED": "1"},
         run_dir=head_place.run_dir, cwd=head_place.cwd, instance_type=head.instance_type,

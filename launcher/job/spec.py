@@ -10,7 +10,7 @@ or the bundled trainer. Pure: built from a recipe (or the command line), printed
              torchrun starts, given by the command that runs it
 
 Every rank of a script, module or the trainer starts through launch's worker entry
-(train/worker.py), which counts LAUNCH_ATTEMPT across torchrun's own restarts, puts the workdir
+(launch_node/worker.py), which counts LAUNCH_ATTEMPT across torchrun's own restarts, puts the workdir
 first on PYTHONPATH, ties the rank's life to its agent, and then becomes the user's program.
 """
 
@@ -55,14 +55,14 @@ class Job:
         elif self.kind == "command":
             what = "command (once per node, without launch's torchrun)"
         elif self.kind == "workload":
-            what = "launch's own workload (train/bench.py, train/gate.py)"
+            what = "launch's own workload (launch_bench/bench.py, launch_bench/gate.py)"
         else:
             what = "the bundled ViT trainer (train/main.py)"
         where = f" in {self.workdir} (shipped to every node)" if self.workdir else ""
         return what + where
 
     def worker_argv(self) -> list[str]:
-        """What launch's worker entry (train/worker.py) execs on every rank."""
+        """What launch's worker entry (launch_node/worker.py) execs on every rank."""
         if self.kind == "module":
             return ["module", str(self.target), *self.args]
         if self.kind == "script":

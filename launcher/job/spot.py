@@ -1,7 +1,7 @@
 """Spot nodes in a run: EC2 may take one back with two minutes' notice.
 
 A node whose inventory says `launch_market: spot` (what `launch provision --market spot`
-writes) gets a watcher beside the job (train/spot.py: instance metadata's
+writes) gets a watcher beside the job (launch_node/spot.py: instance metadata's
 `spot/instance-action`, read with IMDSv2). On a notice it sends the node's ranks the
 last-chance signal (SIGUSR1), and the run that then fails is "preempted" (exit 75), not
 "failed". Every rank of such a run gets LAUNCH_INTERRUPTIBLE=1: the bundled trainer's ranks
@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.cluster.inventory import Node
 from launcher.job.runplan import NodeCommand, RunPlan
-from train.checkpoint import INTERRUPTIBLE_ENV
+from launch_node.spot import INTERRUPTIBLE_ENV
 
 MARKET_VAR = "launch_market"
 LABEL = "spot"
@@ -41,7 +41,7 @@ def with_spot_watch(plan: RunPlan, nodes: list[Node], placements: dict[str, Any]
         watchers.append(NodeCommand(
             name=node.name, address=command.address, private_address=command.private_address,
             is_head=command.is_head, gpus=0,
-            argv=(place.python, posixpath.join(place.code_dir, "train", "spot.py"), "watch",
+            argv=(place.python, posixpath.join(place.code_dir, "launch_node", "spot.py"), "watch",
                   command.run_dir),
             env={"LAUNCH_RUN_ID": plan.run_id, "LAUNCH_NODE": node.name,
                  "PYTHONUNBUFFERED": "1"},

@@ -33,7 +33,7 @@ def torchrun_argv(
     `is_host` and `--local-addr` are explicit because c10d's own guess (matching the endpoint
     against the machine's hostname) fails inside network namespaces and on cloud hosts whose
     hostname resolves to another interface: every node then waits as a client until timeout.
-    launch runs the store in a process of its own (train/rdzv_store.py), so every agent is a
+    launch runs the store in a process of its own (launch_node/rdzv_store.py), so every agent is a
     client: is_host=0.
     `--node-rank` is omitted: c10d assigns ranks at rendezvous and ignores it.
     `max_restarts` (the recipe's `restarts`): how often this agent restarts its workers after

@@ -1,7 +1,7 @@
 """`launch bench`, the pure parts: sizes, the program torchrun starts, the nccl-tests command,
 and the sweep's results turned into nccl-tests' own table and `bandwidth.json`.
 
-Both sources (train/bench.py's torch.distributed sweep and the nccl-tests binaries) end as the
+Both sources (launch_bench/bench.py's torch.distributed sweep and the nccl-tests binaries) end as the
 same thing: text in nccl-tests' layout, read by `parse_nccl_tests`. So bandwidth.json has the
 shape `launch inspect --json` gives any nccl-tests log, and `launch inspect bandwidth.txt`
 reads a bench back.
@@ -34,7 +34,7 @@ DEFAULT_MAX_BYTES_CPU = 64 << 20
 WARMUP_ITERS = 5
 ITERS = 20
 STEP_FACTOR = 2
-RESULTS_FILE = "bench-results.json"  # what train/bench.py's rank 0 writes in its node folder
+RESULTS_FILE = "bench-results.json"  # what launch_bench/bench.py's rank 0 writes in its node folder
 # Where the nccl_tests role installs the binaries (playbooks/roles/nccl_tests/defaults).
 NCCL_TESTS_DIR = "/opt/launch/nccl-tests/bin"
 
@@ -77,9 +77,9 @@ def default_max_bytes(gpus_per_node: list[int]) -> int:
 
 def bench_program(op: str, sizes: list[int], dtype: str, warmup_iters: int,
                   iters: int) -> Callable[[Placement], list[str]]:
-    """train/bench.py with the sweep as flags."""
+    """launch_bench/bench.py with the sweep as flags."""
     def program(place: Placement) -> list[str]:
-        return [f"{place.code_dir}/train/bench.py", "--op", op,
+        return [f"{place.code_dir}/launch_bench/bench.py", "--op", op,
                 "--sizes", ",".join(str(s) for s in sizes), "--dtype", dtype,
                 "--warmup-iters", str(warmup_iters), "--iters", str(iters),
                 "--out-dir", place.run_dir]
@@ -103,7 +103,7 @@ def load_results(path: Path) -> dict[str, Any]:
                     "rows"):
             results[key]  # noqa: B018 (a KeyError names the missing key)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise BenchError(f"{path}: not the results train/bench.py writes ({err}); rerun "
+        raise BenchError(f"{path}: not the results launch_bench/bench.py writes ({err}); rerun "
                          "`launch bench`") from None
     return results
 

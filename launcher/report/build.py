@@ -108,16 +108,19 @@ def _node_facts(name: str, dirs: list[Path], warnings: list[str]) -> tuple[Path,
 
 
 USER_JOBS = ("script", "module", "command")
+# How a bench run's argv ends: launch's sweep (under train/ in run folders made before
+# launch_bench/ existed, still reported as they were) or an nccl-tests binary (<op>_perf).
+BENCH_ENTRIES = ("launch_bench/bench.py", "train/bench.py", "_perf")
 
 
 def _workload(plan: dict) -> str:
-    """"job" for the user's own script, module or command; "bench" for train/bench.py or an
+    """"job" for the user's own script, module or command; "bench" for launch_bench/bench.py or an
     nccl-tests binary (<op>_perf); else "train"."""
     job = plan.get("job")
     if isinstance(job, dict) and job.get("kind") in USER_JOBS:
         return "job"
     argv = plan["nodes"][0].get("argv", []) if plan.get("nodes") else []
-    bench = any(str(a).endswith(("train/bench.py", "_perf")) for a in argv)
+    bench = any(str(a).endswith(BENCH_ENTRIES) for a in argv)
     return "bench" if bench else "train"
 
 

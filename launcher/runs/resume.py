@@ -3,7 +3,7 @@
 The run continues in its own folder as a new attempt (the earlier attempt's plan, summary and
 report move to attempts/<n>/; node logs are appended to), on the same nodes, with the recipe
 the run started with (its copy, runs/<id>/recipe.yml) or one given on the command line. Before
-anything is moved or started, the checkpoint's settings (train/checkpoint_files.py .json) are
+anything is moved or started, the checkpoint's settings (launch_node/checkpoint_files.py .json) are
 compared with the recipe's: a change that would load weights of another shape, another data
 order, another world size or another compression state is refused, key by key. Every file is
 read through the run folder's schemas (launcher/runs/schema.py), and a checkpoint counts only
@@ -26,7 +26,7 @@ from launcher.core.yamlfile import YamlFileError, load_yaml_text
 from launcher.job.recipe import Recipe, load_recipe, recipe_from_mapping
 from launcher.runs.folder import RECIPE_COPY, RunFolder
 from launcher.runs.schema import MAX_SMALL, CheckpointMeta, PlanRecord, read_record
-from train import checkpoint_files
+from launch_node import checkpoint_files
 from train.options import resume_signature
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from tests.aws.conftest import REGION
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
-from train import checkpoint_files as files
-from train import mirror
-from train.mirror import Mirror, S3Store, Status
+from launch_node import checkpoint_files as files
+from launch_node import mirror
+from launch_node.mirror import Mirror, S3Store, Status
 
 BUCKET = "launch-ckpt"
 MiB = 1 << 20

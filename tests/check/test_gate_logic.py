@@ -12,7 +12,7 @@ from launcher.check.health import FAIL, OK, SKIP
 from launcher.core.errors import RecipeError
 from launcher.job.recipe import recipe_from_mapping
 from launcher.job.runplan import Placement
-from train.gatesearch import GateSearch
+from launch_bench.gatesearch import GateSearch
 from train.stragglers import StragglerJudge
 
 FAST, SLOW = 10.0, 0.1
@@ -106,7 +106,7 @@ def test_gate_two_nodes_without_floor_is_skipped_not_passed_silently():
 def test_gate_program_is_bench_in_gate_mode():
     argv = gate_program(1 << 20, 0.02)(Placement(python="python3", code_dir="code",
                                                  run_dir="."))
-    assert argv[:2] == ["code/train/bench.py", "--gate"]
+    assert argv[:2] == ["code/launch_bench/bench.py", "--gate"]
     assert argv[argv.index("--sizes") + 1] == "1048576"
     assert argv[argv.index("--floor-gbs") + 1] == "0.02"
 

@@ -220,9 +220,9 @@ def test_setup_syntax_check_names_an_unreadable_inventory(run_launch, tmp_path):
     assert f"{tmp_path / 'missing.yml'}: cannot read the inventory" in proc.stderr
 
 
-# Source lines allowed to use __file__: run.py's code_dir() finds the `train` package that was
-# installed beside `launcher` (a checkout, or site-packages for a wheel); it reads no data file.
-ALLOWED_FILE_LOOKUPS = {("launcher/commands/run.py", "code_dir")}
+# Source lines allowed to use __file__ (none: even the node code beside `launcher` is found
+# through importlib.resources, launcher/core/node_code.py).
+ALLOWED_FILE_LOOKUPS: set[tuple[str, str]] = set()
 
 
 def test_nothing_in_launcher_locates_files_relative_to_the_checkout():

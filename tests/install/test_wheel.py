@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.core.node_code import PACKAGES
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,20 +68,24 @@ def _step(argv: list[str], env: dict[str, str], timeout: float) -> None:
                                  f"\n{proc.stderr[-3000:]}"
 
 
+# What a checkout holds besides its source: at its top only (launcher/runs/ is source), and
+# caches anywhere.
+_CHECKOUT_ONLY = {".git", ".venv", "runs", "build", ".pytest_cache", ".cache"}
+_CACHES = shutil.ignore_patterns("*.egg-info", "__pycache__")
+
+
+def _not_source(folder: str, names: list[str]) -> set[str]:
+    top = _CHECKOUT_ONLY if Path(folder) == REPO else set()
+    return top & set(names) | set(_CACHES(folder, names))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     # Built from a clean copy: setuptools reuses a stale build/ in the source folder, which
     # could put files the checkout no longer has into the wheel (or hide a missing one).
     source = root / "source"
-    anywhere = shutil.ignore_patterns("*.egg-info", "__pycache__", ".pytest_cache")
-
-    def leave_out(folder: str, names: list[str]) -> set[str]:
-        # runs/, build/, .venv/: only the checkout's own (launcher/runs/ is a package).
-        top = {".git", ".venv", "runs", "build", ".cache"} if Path(folder) == REPO else set()
-        return anywhere(folder, names) | (top & set(names))
-
-    shutil.copytree(REPO, source, ignore=leave_out)
+    shutil.copytree(REPO, source, ignore=_not_source)
     env = _outside_env()
     wheels = root / "dist"
     _step([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels),
@@ -124,12 +130,12 @@ def test_the_wheel_ships_playbooks_recipes_and_the_example_inventory(installed):
                  "launcher/playbooks/roles/efa/templates/nccl.env.j2",
                  "launcher/recipes/vit-tiny-local.yml", "launcher/recipes/vit-b16-p4d.yml",
                  "launcher/recipes/vit-b16-g6e.yml", "launcher/examples/inventory.example.yml",
-                 "train/main.py"):
+                 "train/main.py", "launch_node/worker.py", "launch_bench/bench.py"):
         assert must in names, must
-    # Every file of the two packages, data files included: a file added to launcher/ or train/
-    # later and forgotten in pyproject's package-data fails here.
+    # Every file of launcher and the node code, data files included: a file or package added
+    # later and forgotten in pyproject's packages or package-data fails here.
     source = {p.relative_to(REPO).as_posix()
-              for top in ("launcher", "train") for p in (REPO / top).rglob("*")
+              for top in ("launcher", *PACKAGES) for p in (REPO / top).rglob("*")
               if p.is_file() and "__pycache__" not in p.parts}
     assert sorted(source - names) == []
 

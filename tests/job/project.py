@@ -4,6 +4,8 @@
     main.py            the script: DDP on gloo over a tiny model, LAUNCH_STEP lines, checkpoints
                        in LAUNCH_CHECKPOINT_DIR, and a --mode for each misbehaviour tested
     train/             the user's own package named `train`, like launch's trainer
+    launch_node/       and one named like launch's node runtime (launch_node/worker.py
+                       starts every rank)
     data/labels.txt    a data file the script reads, relative to its folder
     .gitignore         outputs/ and *.secret: present here, never shipped
     .launchignore      scratch.txt: adds to .gitignore
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from train.model import TinyModel, PACKAGE
+from launch_node import PACKAGE as NODE_PACKAGE
 
 mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
@@ -51,6 +54,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 print("RESULT " + json.dumps({
     "rank": rank, "world": world, "argv": sys.argv[1:], "env": env, "cwd": os.getcwd(),
     "package": PACKAGE, "package_file": sys.modules["train.model"].__file__,
+    "node_package": NODE_PACKAGE,
     "data": open("data/labels.txt").read().split(),
     "sees": sorted(p for p in ("outputs/model.bin", "token.secret", "scratch.txt",
                                "setup-ran.txt") if os.path.exists(p)),
@@ -132,6 +136,7 @@ def write_project(root: Path) -> Path:
         "main.py": MAIN,
         "train/__init__.py": "",
         "train/model.py": MODEL,
+        "launch_node/__init__.py": 'PACKAGE = "the user\'s own launch_node package"\n',
         "data/labels.txt": "cat dog bird\n",
         ".gitignore": "outputs/\n*.secret\n",
         ".launchignore": "scratch.txt\n",

@@ -74,7 +74,7 @@ def test_pythonpath_may_come_from_a_recipe_and_stays_after_the_workdir():
                              workdir="/w", checkpoint_dir="/r/checkpoints")}
     command = plan_run(r, nodes, "run", place).nodes[0]
     assert command.env["PYTHONPATH"] == "/w:src" and command.cwd == "/w"
-    assert command.argv[-3:] == ("/c/train/worker.py", "script", "a.py")
+    assert command.argv[-3:] == ("/c/launch_node/worker.py", "script", "a.py")
 
 
 def test_a_command_has_no_torchrun_and_no_store_and_knows_its_nodes():
@@ -85,9 +85,9 @@ def test_a_command_has_no_torchrun_and_no_store_and_knows_its_nodes():
                                workdir="/w") for n in nodes}
     plan = plan_run(r, nodes, "run", place, rdzv_port=29511)
     assert plan.store is None
-    # The command holds its workdir copy while it runs (train/worker.py exec).
+    # The command holds its workdir copy while it runs (launch_node/worker.py exec).
     assert [c.argv for c in plan.nodes] == \
-        [("/v/bin/python", "/c/train/worker.py", "exec", "deepspeed", "t.py")] * 3
+        [("/v/bin/python", "/c/launch_node/worker.py", "exec", "deepspeed", "t.py")] * 3
     env = plan.nodes[2].env
     assert (env["LAUNCH_NODE_RANK"], env["LAUNCH_NUM_NODES"], env["LAUNCH_NODE_ADDRS"],
             env["LAUNCH_HEAD_ADDR"], env["LAUNCH_RDZV_PORT"], env["LAUNCH_GPUS_PER_NODE"]) == \

@@ -28,8 +28,8 @@ def summary_of(run: Path) -> dict:
 
 def test_script_with_its_package_data_args_and_setup(run_launch, project):
     """`launch run train... -- ARGS` from the project folder: the folder is shipped without
-    its ignored files, setup runs first, the user's own `train` package wins over launch's,
-    arguments arrive verbatim, and every LAUNCH_* variable is there."""
+    its ignored files, setup runs first, the user's own `train` and `launch_node` packages win
+    over launch's, arguments arrive verbatim, and every LAUNCH_* variable is there."""
     proc = run_launch("--debug", "run", "--local", "--nodes", "2", "main.py", "--setup", SETUP,
                       "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,6 +38,7 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
     for rank, got in seen.items():
         assert got["argv"] == HOSTILE_ARGS
         assert got["package"] == "the user's own train package"
+        assert got["node_package"] == "the user's own launch_node package"
         assert got["data"] == ["cat", "dog", "bird"]
         # Only setup's output: the ignored files stayed on this side.
         assert got["sees"] == ["setup-ran.txt"]
@@ -186,7 +187,7 @@ def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch,
     plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
     # Launch's worker entry holds the shipped copy, then becomes the command: no torchrun.
     argv = plan["nodes"][0]["argv"]
-    assert plan["store"] is None and argv[1].endswith("train/worker.py")
+    assert plan["store"] is None and argv[1].endswith("launch_node/worker.py")
     assert argv[2:4] == ["exec", "bash"]
     assert not run_pids("cmd")
 
@@ -198,7 +199,7 @@ def test_dry_run_shows_argv_env_manifest_and_setup(run_launch, project):
     out = proc.stdout
     assert "job: script main.py in " in out
     assert "workdir (shipped to every node" in out and f"$ {SETUP}" in out
-    assert "train/worker.py script main.py --lr 0.1" in out
+    assert "launch_node/worker.py script main.py --lr 0.1" in out
     assert "LAUNCH_NODE_RANK=1" in out
     assert not (project / "runs").exists()
 

@@ -32,6 +32,7 @@ def test_script_with_setup_and_args(slurm_lab, run_launch, project):
     for got in seen.values():
         assert got["argv"] == HOSTILE_ARGS
         assert got["package"] == "the user's own train package"
+        assert got["node_package"] == "the user's own launch_node package"
         assert got["sees"] == ["setup-ran.txt"]
         assert got["env"]["LAUNCH_NODE_ADDRS"].split(",") == [h.address
                                                              for h in slurm_lab.hosts]
@@ -83,7 +84,7 @@ def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_
     # No torchrun of launch's and no rendezvous store: the command brought its own.
     script = (project / "runs" / "cmd" / "job.sbatch").read_text()
     assert "rdzv_store.py" not in script
-    assert re.search(r"train/worker\.py \\\n\s*exec \\\n\s*bash -c", script)
+    assert re.search(r"launch_node/worker\.py \\\n\s*exec \\\n\s*bash -c", script)
     assert job_processes(slurm_lab) == {}
 
 

@@ -30,6 +30,7 @@ def test_script_ships_with_its_package_and_data_and_runs_setup(run_launch, lab, 
     for got in seen.values():
         assert got["argv"] == HOSTILE_ARGS
         assert got["package"] == "the user's own train package"
+        assert got["node_package"] == "the user's own launch_node package"
         assert got["data"] == ["cat", "dog", "bird"]
         assert got["sees"] == ["setup-ran.txt"]
         assert got["cwd"].startswith(str(lab.dir)) and got["cwd"] == got["env"]["LAUNCH_WORKDIR"]

@@ -1,4 +1,4 @@
-"""train/worker.py holds the shipped workdir for the job it becomes, and refuses a copy that
+"""launch_node/worker.py holds the shipped workdir for the job it becomes, and refuses a copy that
 another launch changed after this run shipped it: a real worker.py process, a real folder
 shipped by launch's own ship_local, real flock(2)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.workdir import node as workdir_node
 from launcher.workdir.scan import scan_workdir
 from launcher.workdir.sync import ship_local
-from train import worker
+from launch_node import worker
 
 WORKER = Path(worker.__file__)
 # Run by the job: can anyone change the copy now? (an exclusive lock is what a ship takes)

@@ -15,7 +15,7 @@ from launcher.nccl.sweep import (BenchError, bench_program, mpirun_argv, nccl_te
 from launcher.job.runplan import Placement
 from launcher.nccl.busbw import bus_bandwidth
 from launcher.nccl.nccl_tests import parse_nccl_tests
-from train import bench as sweep
+from launch_bench import bench as sweep
 
 
 @pytest.mark.parametrize("text, size", [
@@ -42,7 +42,7 @@ def test_sweep_doubles_like_nccl_tests():
 def test_program_is_train_bench_with_the_sweep():
     place = Placement(python="python3", code_dir="/opt/code", run_dir="/runs/b/node1")
     assert bench_program("all_gather", [8, 16], "bfloat16", 5, 20)(place) == [
-        "/opt/code/train/bench.py", "--op", "all_gather", "--sizes", "8,16", "--dtype",
+        "/opt/code/launch_bench/bench.py", "--op", "all_gather", "--sizes", "8,16", "--dtype",
         "bfloat16", "--warmup-iters", "5", "--iters", "20", "--out-dir", "/runs/b/node1"]
 
 
@@ -166,7 +166,7 @@ def test_dry_run_plans_the_sweep_through_torchrun(run_launch, tmp_path, repo_roo
     for node in plan["nodes"]:
         argv = node["argv"]
         assert argv[1:3] == ["-m", "torch.distributed.run"]
-        start = argv.index(f"{repo_root}/train/bench.py")
+        start = argv.index(f"{repo_root}/launch_bench/bench.py")
         assert argv[start + 1:] == ["--op", "all_reduce", "--sizes", "8,16,32,64", "--dtype",
                                     "float", "--warmup-iters", "5", "--iters", "20",
                                     "--out-dir", str(tmp_path / "runs" / "plan" / node["name"])]

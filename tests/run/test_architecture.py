@@ -1,7 +1,8 @@
 """The shape the architecture promises, checked: folders in layers that import only downwards, no
-import cycles between launch's modules, every module importable on its own in any order, and
-commands that only adapt arguments to backends (placement and execution live in
-launcher/backends and launcher/execute). docs/architecture.md draws the layers."""
+import cycles between launch's modules, every module importable on its own in any order, the
+code shipped to nodes apart from launcher, and commands that only adapt arguments to backends
+(placement and execution live in launcher/backends and launcher/execute). docs/architecture.md
+draws the layers."""
 
 from __future__ import annotations
 
@@ -115,6 +116,39 @@ def test_every_module_imports_in_any_order(seed):
     proc = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# The packages shipped to every node (launcher/core/node_code.py), each with the packages of
+# launch's it may import: the node runtime serves any job, so it knows neither the trainer nor
+# launcher; nothing on a node imports launcher (the node runs its own interpreter, launch's
+# dependencies not installed); launcher never imports the measuring workloads (it names them).
+SHIPPED = {"launch_node": {"launch_node"},
+           "train": {"train", "launch_node"},
+           "launch_bench": {"launch_bench", "launch_node", "train"},
+           "launcher": {"launcher", "launch_node", "train"}}
+# What a node's interpreter has besides the standard library: torch for the rendezvous store,
+# the trainer and the workloads; boto3 for a mirror to s3://; numpy and scikit-learn for the
+# trainer (pyproject.toml).
+NODE_LIBRARIES = {"torch", "boto3", "botocore", "numpy", "sklearn", "PIL"}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    return {m.split(".")[0] for m in imports_anywhere(path) if not m.startswith("__future__")}
+
+
+@pytest.mark.parametrize("package", sorted(SHIPPED))
+def test_shipped_packages_import_only_what_a_node_has(package):
+    wrong = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        if "playbooks" in path.parts:   # Ansible's modules run on the node under Ansible
+            continue
+        for top in sorted(top_level_imports(path)):
+            if top in SHIPPED and top not in SHIPPED[package]:
+                wrong.append(f"{path.relative_to(REPO)} imports {top}")
+            elif package != "launcher" and top not in SHIPPED and \
+                    top not in sys.stdlib_module_names and top not in NODE_LIBRARIES:
+                wrong.append(f"{path.relative_to(REPO)} imports {top}, which a node may lack")
+    assert not wrong, "\n".join(wrong)
 
 
 # What placing and running processes needs; commands reach it only through a backend.

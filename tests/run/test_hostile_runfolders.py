@@ -37,7 +37,7 @@ def write_checkpoint(folder: Path, step: int, recipe: dict) -> None:
     import torch
 
     from launcher.job.recipe import recipe_from_mapping
-    from train import checkpoint_files as files
+    from launch_node import checkpoint_files as files
     from train.options import resume_signature
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -513,7 +513,7 @@ def escapes(root: Path, outside: Path) -> None:
 
 def garbage_checkpoint(step: int, older: bool):
     def plant(root: Path, outside: Path) -> None:
-        from train import checkpoint_files as files
+        from launch_node import checkpoint_files as files
         folder = root / NODE / "checkpoints"
         if not older:
             for path in folder.iterdir():

@@ -1,4 +1,4 @@
-"""The checkpoint mirror (train/mirror.py) into a shared folder: what counts as mirrored, what
+"""The checkpoint mirror (launch_node/mirror.py) into a shared folder: what counts as mirrored, what
 is brought back, what is never chosen; and the recipe key that asks for it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from launcher.core.errors import RecipeError
 from launcher.job.recipe import recipe_from_mapping
-from train import checkpoint_files as files
-from train import mirror
-from train.mirror import FolderStore, JobUnits, Mirror, Status, mirror_problem
+from launch_node import checkpoint_files as files
+from launch_node import mirror
+from launch_node.mirror import FolderStore, JobUnits, Mirror, Status, mirror_problem
 
 
 def write_checkpoint(folder: Path, step: int, payload: bytes = b"") -> None:

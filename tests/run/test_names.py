@@ -120,7 +120,7 @@ def test_a_hidden_newline_is_refused_wherever_a_name_comes_in(case, tmp_path, mo
 
 def test_checkpoint_and_tag_names_are_matched_whole(tmp_path):
     from launcher.provision import ttl
-    from train import checkpoint_files as files
+    from launch_node import checkpoint_files as files
 
     (tmp_path / "step-00000010.json\n").write_text("{}")
     (tmp_path / "step-00000010.pt\n").write_bytes(b"x")
@@ -140,7 +140,7 @@ LINE_PARSERS = ("launcher/nccl/", "launcher/check/", "launcher/execute/forensics
 
 
 def _dollar_patterns():
-    for base in ("launcher", "train"):
+    for base in ("launcher", "launch_node", "launch_bench", "train"):
         for path in sorted((REPO / base).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             if "playbooks" in path.parts or rel.startswith(LINE_PARSERS):

@@ -55,7 +55,7 @@ def expected_argv(n: int, nproc: int, node_index: int) -> list[str]:
         "--local-addr", f"10.0.0.{node_index + 1}", "--max-restarts", "0",
         "--tee", "3", "--log-dir", f"/srv/run/gpu{node_index}/torchrun",
         # Every rank starts in launch's worker entry, which then becomes the trainer (exec).
-        "/srv/run/code/train/worker.py", "script",
+        "/srv/run/code/launch_node/worker.py", "script",
         "/srv/run/code/train/main.py", *TRAINER_ARGS, "--out-dir", f"/srv/run/gpu{node_index}",
     ]
 
@@ -101,10 +101,10 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
         assert list(command.argv) == expected_argv(n, nproc, i)
         assert command.env == expected_env(i, omp, gpus, n)
         assert list(command.probe) == ["/opt/launch/venv/bin/python",
-                                       "/srv/run/code/train/node_probe.py"]
+                                       "/srv/run/code/launch_node/node_probe.py"]
     assert plan.recovery.restarts == 0 and plan.recovery.hang_timeout_s is None
     assert plan.store.name == "gpu0"
-    assert list(plan.store.argv) == ["/opt/launch/venv/bin/python", "/srv/run/code/train/rdzv_store.py",
+    assert list(plan.store.argv) == ["/opt/launch/venv/bin/python", "/srv/run/code/launch_node/rdzv_store.py",
                                      "--host", "10.0.0.1", "--port", "29400"]
 
 
@@ -187,3 +187,47 @@ def test_without_inventory_the_run_stays_on_this_machine_and_says_so(run_launch,
     quiet = run_launch("run", "--local", "--nodes", "2", "vit-tiny-local", "--dry-run",
                        check=True)
     assert "no inventory given" not in quiet.stderr
+
+
+def shipped_paths(value, code_dir: str) -> set[str]:
+    """Every string in a plan's JSON that points into the shipped code, relative to it."""
+    if isinstance(value, dict):
+        return set().union(*(shipped_paths(v, code_dir) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(shipped_paths(v, code_dir) for v in value))
+    return {value[len(code_dir) + 1:]} if isinstance(value, str) and \
+        value.startswith(code_dir + "/") else set()
+
+
+def test_every_file_a_plan_starts_from_the_shipped_code_is_shipped():
+    """The plan names launch's node code by path strings: one naming a file no backend ships
+    would fail only on a node. The trainer with its store, probes, mirror and spot watcher; a
+    user's script and command; the bandwidth sweep and the collective gate."""
+    from launcher.check.collective_gate import gate_program
+    from launcher.core.node_code import code_files, code_root
+    from launcher.job.mirror import with_mirror
+    from launcher.job.spot import with_spot_watch
+    from launcher.nccl.sweep import bench_program
+
+    shipped = set(code_files(code_root()))
+    nodes = [Node(name=f"n{i}", address=f"10.0.0.{i}", private_address=f"10.0.0.{i}", gpus=0,
+                  extra={"launch_market": "spot"}) for i in range(2)]
+    places = {n.name: Placement(python="/py", code_dir="/srv/code", run_dir=f"/srv/{n.name}",
+                                workdir="/srv/w", checkpoint_dir="/srv/ckpt") for n in nodes}
+    trainer = recipe_from_mapping({"name": "t", "train": {"steps": 10},
+                                   "checkpoint": {"every_steps": 5, "mirror": "/shared/ckpt"}},
+                                  "t.yml")
+    plans = [with_spot_watch(with_mirror(plan_run(trainer, nodes, "r", places), trainer, places,
+                                         "u1"), nodes, places),
+             plan_run(trainer, nodes, "r", places, program=bench_program(
+                 "all_reduce", [8], "float", 1, 1)),
+             plan_run(trainer, nodes, "r", places, program=gate_program(1 << 20, 0.02))]
+    for job in ({"script": "a.py"}, {"command": ["deepspeed", "t.py"]}):
+        recipe = recipe_from_mapping({"name": "j", "workdir": ".", "job": job,
+                                      "checkpoint": {"mirror": "/shared/ckpt"}}, "/p/j.yml", "/p")
+        plans.append(with_mirror(plan_run(recipe, nodes, "r", places), recipe, places, "u2"))
+    named = set().union(*(shipped_paths(p.to_json(), "/srv/code") for p in plans))
+    assert {"launch_node/worker.py", "launch_node/rdzv_store.py", "launch_node/node_probe.py",
+            "launch_node/mirror.py", "launch_node/spot.py", "train/main.py",
+            "launch_bench/bench.py"} <= named
+    assert sorted(named - shipped) == []

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, launch_cmd
 from tests.run.conftest import run_pids, wait_for, worker_pid, write_recipe
-from train import checkpoint_files as files
+from launch_node import checkpoint_files as files
 
 pytestmark = pytest.mark.slow
 
@@ -251,7 +251,7 @@ def test_stacks_come_from_faulthandler_where_py_spy_is_missing(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from train.heartbeat import Heartbeat
+        from launch_node.heartbeat import Heartbeat
         Heartbeat({str(out_dir)!r})
         def waiting_somewhere():
             while True:
@@ -265,7 +265,7 @@ def test_stacks_come_from_faulthandler_where_py_spy_is_missing(tmp_path):
     try:
         assert rank.stdout.readline().strip() == "ready"
         probe = subprocess.run(
-            [str(venv / "bin/python"), str(REPO / "train/node_probe.py"), "dump", str(out_dir),
+            [str(venv / "bin/python"), str(REPO / "launch_node/node_probe.py"), "dump", str(out_dir),
              "--stamp", "s1", "--timeout", "5"],
             capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     finally:

@@ -24,8 +24,8 @@ from launcher.job.recipe import recipe_from_mapping, recipe_warnings
 from launcher.job.runplan import Placement, plan_run
 from launcher.runs.folder import RunFolder
 from launcher.runs.resume import ResumeError, check_resume, find_resume_point
-from train import checkpoint_files as files
-from train.node_probe import kill
+from launch_node import checkpoint_files as files
+from launch_node.node_probe import kill
 
 DATA = Path(__file__).parent / "data" / "hang"
 BASE = {"name": "r", "nodes": 2, "train": {"steps": 100, "depth": 2, "image_size": 8,

@@ -14,7 +14,7 @@ from launcher.execute.supervisor import NodeExit, Outcome
 from launcher.job.recipe import recipe_from_mapping
 from launcher.job.runplan import Placement, plan_run
 from launcher.job.spot import with_spot_watch
-from train.spot import handles
+from launch_node.spot import handles
 
 HANDLER = "import signal, time; signal.signal(signal.SIGUSR1, lambda *a: None); print('ok', " \
           "flush=True); time.sleep(60)"
@@ -79,7 +79,7 @@ def test_spot_nodes_get_a_watcher_and_every_rank_agrees_each_step():
               for n in nodes}
     plan = with_spot_watch(plan_run(recipe, nodes, "r", places), nodes, places)
     assert [w.name for w in plan.spot] == ["a"]
-    assert plan.spot[0].argv == ("/py", "/code/train/spot.py", "watch", "/runs/a")
+    assert plan.spot[0].argv == ("/py", "/code/launch_node/spot.py", "watch", "/runs/a")
     # A notice reaches one node's ranks; the checkpoint is a collective of all.
     assert {c.env["LAUNCH_INTERRUPTIBLE"] for c in plan.nodes} == {"1"}
     assert "spot nodes a: a watcher reads EC2's interruption notice" in plan.render()

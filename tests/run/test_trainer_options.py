@@ -85,7 +85,7 @@ def fields(model: type[BaseModel], prefix: str) -> dict[str, object]:
 def test_recipe_blocks_and_trainer_options_are_the_same_set_with_the_same_defaults():
     recipe_fields = {**fields(Train, "train."), **fields(DDP, "ddp."),
                      **fields(Checkpoint, "checkpoint.")}
-    # launch's own: the mirror runs beside the trainer (train/mirror.py), not in it.
+    # launch's own: the mirror runs beside the trainer (launch_node/mirror.py), not in it.
     del recipe_fields["checkpoint.mirror"]
     assert set(recipe_fields) == {o.key for o in OPTIONS}
     parser_defaults = vars(parse_args([]))

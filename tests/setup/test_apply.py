@@ -142,7 +142,7 @@ def test_first_application_sets_up_the_node(first, node):
     torch = node.ssh("/opt/launch/venv/bin/python", "-c",
                      "import torch, numpy, sklearn; print(torch.__version__, torch.ones(2).sum().item())")
     assert torch.stdout.split() == ["2.13.0+cpu", "2.0"]
-    # The hang watch's stack reader, beside the interpreter where train/node_probe.py looks.
+    # The hang watch's stack reader, beside the interpreter where launch_node/node_probe.py looks.
     assert node.ssh("/opt/launch/venv/bin/py-spy", "--version").stdout.split() == ["py-spy",
                                                                                   "0.3.14"]
     # The node checks ran at the end: nothing GPU or EFA to check on this node.

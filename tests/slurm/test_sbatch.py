@@ -30,7 +30,7 @@ GOLDEN_RECIPE = {
 
 
 def bench_program(place):
-    return [f"{place.code_dir}/train/bench.py", "--op", "all_reduce", "--out-dir",
+    return [f"{place.code_dir}/launch_bench/bench.py", "--op", "all_reduce", "--out-dir",
             place.run_dir]
 
 
@@ -107,7 +107,7 @@ run_node() {
     --max-restarts 0 \
     --tee 3 \
     --log-dir /shared/home/ada/runs/golden-1/"${node}"/torchrun \
-    /shared/home/ada/runs/golden-1/code/train/bench.py \
+    /shared/home/ada/runs/golden-1/code/launch_bench/bench.py \
     --op all_reduce \
     --out-dir /shared/home/ada/runs/golden-1/"${node}" &
   agent=$!
@@ -162,7 +162,7 @@ while :; do
       LAUNCH_NODE="${node}" \
       PYTHONUNBUFFERED=1 \
       /shared/venv/bin/python \
-      /shared/home/ada/runs/golden-1/code/train/rdzv_store.py \
+      /shared/home/ada/runs/golden-1/code/launch_node/rdzv_store.py \
       --host "${head_addr}" \
       --port 29400
   ) >>/shared/home/ada/runs/golden-1/"$head"/store.out 2>&1 &

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from launcher.core.node_code import code_files, code_root, content_hash
 from tests.conftest import launch_cmd
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env, worker_pids
@@ -58,7 +59,10 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, demo_local_run
     assert (rank0 / "result.json").exists() and (run / "metrics.jsonl").exists()
     assert (run / "report.md").exists()
     code = json.loads((run / "code.json").read_text())
-    assert len(code["sha256"]) == 64 and "train/main.py" in code["files"]
+    # What every node got is what launch lists, hashed as every backend hashes it.
+    files = code_files(code_root())
+    assert code == {"sha256": content_hash(code_root(), files), "files": files}
+    assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py"} <= set(files)
     assert job_processes(slurm_lab) == {}
 
 

@@ -7,8 +7,8 @@ import yaml
 
 from launcher.lab.hosts import Lab
 from tests.run.conftest import run_pids
-from train import mirror
-from train.mirror import FolderStore
+from launch_node import mirror
+from launch_node.mirror import FolderStore
 
 
 def run_env_pids(lab: Lab, host: str, run_id: str) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import newest_step, only_sshd_left
-from train import checkpoint_files as files
+from launch_node import checkpoint_files as files
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
 

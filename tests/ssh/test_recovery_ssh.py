@@ -14,7 +14,7 @@ import pytest
 
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import lab_worker_pid, only_sshd_left, run_env_pids
-from train import checkpoint_files as files
+from launch_node import checkpoint_files as files
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
 

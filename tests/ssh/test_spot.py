@@ -12,7 +12,7 @@ import pytest
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh import imds
 from tests.ssh.conftest import edit_inventory, newest_step, run_env_pids
-from train import checkpoint_files as files
+from launch_node import checkpoint_files as files
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from launcher.core.node_code import code_files, code_root, content_hash
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import lab_worker_pid, only_sshd_left, run_env_pids
 
@@ -40,7 +41,10 @@ def test_demo_over_ssh_matches_local_run_and_collects_logs(lab, run_launch, repo
     rank0 = run / summary["rank0_node"]
     assert (rank0 / "result.json").exists() and (run / "metrics.jsonl").exists()
     code = json.loads((run / "code.json").read_text())
-    assert len(code["sha256"]) == 64 and "train/main.py" in code["files"]
+    # What every node got is what launch lists, hashed as every backend hashes it.
+    files = code_files(code_root())
+    assert code == {"sha256": content_hash(code_root(), files), "files": files}
+    assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py"} <= set(files)
     assert only_sshd_left(lab) == {}
 
 

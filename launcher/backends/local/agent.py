@@ -91,25 +91,25 @@ class LocalNodeProcess:
             pass
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
-    # The node is this machine and its Python is launch's: train/node_probe.py runs in this
+    # The node is this machine and its Python is launch's: launch_node/node_probe.py runs in this
     # process (py-spy still runs as its own process, from this interpreter's environment).
     def heartbeats(self) -> list[dict]:
-        from train.node_probe import read_heartbeats
+        from launch_node.node_probe import read_heartbeats
 
         return read_heartbeats(self.command.run_dir)
 
     def activity(self) -> dict:
-        from train.node_probe import activity
+        from launch_node.node_probe import activity
 
         return activity(self.command.run_dir, self.stamp, self.name)
 
     def dump_ranks(self, timeout: float) -> dict:
-        from train.node_probe import dump
+        from launch_node.node_probe import dump
 
         return dump(self.command.run_dir, self.stamp, timeout, self.name)
 
     def kill_ranks(self, pids: list[int]) -> dict:
-        from train.node_probe import kill
+        from launch_node.node_probe import kill
 
         return kill(pids, self.stamp)
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from launcher.execute.backend import (GroupResult, LaunchOptions, NodeResult, Program,
-                                    trainer_code_dir)
+from launcher.execute.backend import GroupResult, LaunchOptions, NodeResult, Program
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError
+from launcher.core.node_code import code_root
 from launcher.job.recipe import Recipe, check_recipe_for_hardware
 from launcher.job.runplan import Placement, RunPlan, plan_run
 from launcher.job.spec import Job, JobError, default_job, module_in_workdir, workdir_folder_name
@@ -108,7 +108,7 @@ class LocalBackend:
         check_recipe_for_hardware(recipe, self.gpus(nodes))
         job = job or default_job(recipe, program)
         root = Path(self.cwd, runs_dir).resolve() / run_id
-        code = str(trainer_code_dir())
+        code = str(code_root())
         per_node = nodes[0].gpus or 0
         # The local nodes share this machine, so they share one shipped copy of the workdir.
         shipped = shipped_to or (str(local_workdir(job.workdir)) if job.workdir else None)

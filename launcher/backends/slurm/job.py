@@ -10,7 +10,6 @@ every node.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import threading
@@ -20,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.errors import RunFailed
-from launcher.execute.backend import LaunchOptions, trainer_code_dir
+from launcher.core.node_code import code_root, snapshot
+from launcher.execute.backend import LaunchOptions
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import StopRequest
 from launcher.job.setup import SETUP_LOG
@@ -156,7 +156,7 @@ class SlurmNodeProcess:
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
     def _probe(self, *args: str, timeout: float) -> Any:
-        """train/node_probe.py on the node, as a step of the running job that overlaps the
+        """launch_node/node_probe.py on the node, as a step of the running job that overlaps the
         job's own (srun --overlap: it needs no free resources)."""
         argv = ["srun", f"--jobid={self.watch.job_id}", "--overlap", "--nodes=1",
                 "--ntasks=1", f"--nodelist={self.name}", "--quiet", *self.probe, *args]
@@ -272,21 +272,6 @@ def not_shared_error(root: Path, info: JobInfo) -> SlurmError:
         "this login node (your home, NFS, Lustre): pass --runs-dir there")
 
 
-def snapshot_code(code_dir: Path, dest: Path) -> dict[str, Any]:
-    """train/*.py copied into the run folder, which every node reads; hashed as the SSH
-    backend's nodes hash what they received (execute/remote_agent.content_hash, not imported:
-    fabric costs half a second), so code.json compares across backends."""
-    files = sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
-    digest = hashlib.sha256()
-    for rel in files:
-        data = (code_dir / rel).read_bytes()
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_bytes(data)
-        digest.update(rel.encode() + b"\0")
-        digest.update(data + b"\0")
-    return {"sha256": digest.hexdigest(), "files": files}
-
-
 def submit(job: SlurmJob, stamp: str) -> str:
     """sbatch the job; its id. The run's stamp goes with the environment sbatch exports to the
     job, so that every process of it carries it (the node probes find them by it)."""
@@ -320,7 +305,7 @@ def run_job(job: SlurmJob, folder: RunFolder, options: LaunchOptions,
     note = shared_filesystem_note(folder.root)
     if note:
         display.message(f"note: {note}")
-    folder.write_json("code.json", snapshot_code(trainer_code_dir(), folder.root / "code"))
+    folder.write_json("code.json", snapshot(code_root(), folder.root / "code"))
     folder.keep_recipe(recipe_file or "", recipe_text)
     if shipped is not None:
         display.message(f"workdir {job.workdir.root}: {shipped.files_sent} of "

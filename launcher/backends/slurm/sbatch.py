@@ -8,7 +8,7 @@ themselves; the plan holds markers for those values, rendered as the script's sh
     sbatch --parsable --job-name=RUN_ID --nodes=N --ntasks-per-node=1 ... RUN_DIR/job.sbatch
 
 The script runs on the allocation's first node (the head): it starts the rendezvous store
-there (train/rdzv_store.py), then one torchrun agent per node with `srun --kill-on-bad-exit=1`,
+there (launch_node/rdzv_store.py), then one torchrun agent per node with `srun --kill-on-bad-exit=1`,
 and stops the store when srun ends. Every value from a recipe reaches the script through
 `shell_word` (shlex), never pasted.
 """

@@ -4,7 +4,6 @@ the node's files."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import queue
@@ -54,17 +53,6 @@ exec 3<&0
 exec "$@" </dev/null 3<&-
 """
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
-def code_files(code_dir: Path) -> list[str]:
-    """What every node gets: the trainer package (relative paths, sorted)."""
-    return sorted(str(p.relative_to(code_dir)) for p in (code_dir / "train").glob("*.py"))
-
-
-def content_hash(base: Path, files: list[str]) -> str:
-    digest = hashlib.sha256()
-    for rel in files:
-        digest.update(rel.encode() + b"\0")
-        digest.update((base / rel).read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def remove_tree(conn: Connection, node_dir: str) -> None:
@@ -180,7 +168,7 @@ class SshNodeProcess:
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
     def _probe(self, *args: str, timeout: float) -> Any:
-        """train/node_probe.py on the node, with the node's Python, in the node's folder."""
+        """launch_node/node_probe.py on the node, with the node's Python, in the node's folder."""
         line = remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
                       self.command.cwd or ".", *self.command.probe, *args)
         result = self.connection().run(line, hide=True, warn=True, in_stream=False,

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher.execute.backend import (GroupResult, LaunchOptions, NodeResult, Program,
-                                    in_parallel, trainer_code_dir)
+                                    in_parallel)
 from launcher.cluster.inventory import Node, load_inventory, select_nodes
 from launcher.cluster.ssh import SshOptions
 from launcher.core.errors import LauncherError
+from launcher.core.node_code import code_files, code_root, content_hash
 from launcher.job.recipe import Recipe
 from launcher.job.runplan import Placement, RunPlan, plan_run
 from launcher.job.spec import Job, default_job, workdir_folder_name
@@ -186,13 +187,12 @@ class SshBackend:
 
             return launch_recovering(self, recipe, nodes, run_id, options, program=program,
                                      rdzv_port=rdzv_port, job=job, workdir=workdir)
-        from launcher.backends.ssh.agent import code_files, content_hash
         from launcher.backends.ssh.preflight import Shipment, close_all, preflight
         from launcher.runs.folder import RunFolder
 
         job = job or default_job(recipe, program)
         port = rdzv_port or recipe.rendezvous.port
-        code_dir = trainer_code_dir()
+        code_dir = code_root()
         files = code_files(code_dir)
         recipe_file = Path(recipe.source) if Path(recipe.source).is_file() else None
         uid = RunFolder.uid_for(options.runs_dir, run_id, options.resume)

@@ -144,6 +144,7 @@ if port:
             out["port_free"] = False
             out["port_error"] = err.strerror
 if code_dir is not None:
+    # launcher/core/node_code.py content_hash, here on the node (this script imports nothing).
     digest = hashlib.sha256()
     try:
         for rel in files:

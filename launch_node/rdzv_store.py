@@ -1,6 +1,6 @@
 """The rendezvous store, in a process of its own on the head node.
 
-    python train/rdzv_store.py --host 10.0.0.1 --port 29500
+    python launch_node/rdzv_store.py --host 10.0.0.1 --port 29500
 
 torchrun's c10d rendezvous keeps its state in a TCPStore. By default the head node's agent
 hosts it, so the store dies with that agent: at the end of a successful run the head's agent

@@ -1,9 +1,9 @@
 """Checkpoints mirrored off the node that writes them, to S3 or a shared folder, as they are
 written; and brought back from there when the node's own copy is gone.
 
-    python train/mirror.py watch   FOLDER DEST --layout trainer|job [--status FILE]
-    python train/mirror.py restore FOLDER DEST --layout trainer|job
-    python train/mirror.py newest  DEST --layout trainer|job        (JSON)
+    python launch_node/mirror.py watch   FOLDER DEST --layout trainer|job [--status FILE]
+    python launch_node/mirror.py restore FOLDER DEST --layout trainer|job
+    python launch_node/mirror.py newest  DEST --layout trainer|job        (JSON)
 
 DEST is `s3://bucket/prefix/<run>.<uid>` or a folder on a shared filesystem
 (`/fsx/ckpt/<run>.<uid>`), one per run:
@@ -13,7 +13,7 @@ DEST is `s3://bucket/prefix/<run>.<uid>` or a folder on a shared filesystem
     DEST/manifests/<unit>.json           written last, once every file of that version is there
 
 A *unit* is one checkpoint: for the bundled trainer (`--layout trainer`) the pair
-step-NNNNNNNN.pt/.json, taken once complete by train/checkpoint_files.py's rule (the .json is
+step-NNNNNNNN.pt/.json, taken once complete by launch_node/checkpoint_files.py's rule (the .json is
 written last); for a job of the user's own (`--layout job`) each top-level entry of
 LAUNCH_CHECKPOINT_DIR (a file or a folder), taken once it has settled: names starting with `.`
 or ending in `.tmp` are skipped (write there, then rename), a file counts once no process has
@@ -55,7 +55,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train import checkpoint_files  # noqa: E402
+from launch_node import checkpoint_files  # noqa: E402
 
 FORMAT = 1
 MANIFESTS = "manifests"

@@ -1,6 +1,6 @@
-"""The collective gate, run inside one torchrun job (`train/bench.py --gate`): an all-reduce over
+"""The collective gate, run inside one torchrun job (`launch_bench/bench.py --gate`): an all-reduce over
 all nodes, then, when it is under the floor (or there is no floor to judge by), pairwise
-all-reduces in rounds of disjoint node pairs (train/gatesearch.py picks them) until the slow
+all-reduces in rounds of disjoint node pairs (launch_bench/gatesearch.py picks them) until the slow
 node is named. One job for all rounds: the pairs are process subgroups of the same world, so
 the gate pays for starting torch and forming the rendezvous once.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.gatesearch import GateSearch
+from launch_bench.gatesearch import GateSearch
 
 RESULTS_FILE = "gate-results.json"
 # Time one pair may spend timing when its first all-reduce shows a slow link; at least

@@ -1,6 +1,6 @@
 """Which node makes a collective slow: pairwise all-reduces in rounds of disjoint pairs.
 
-Pure (no torch): train/bench.py's gate mode asks it for the next round's pairs, measures them
+Pure (no torch): launch_bench/bench.py's gate mode asks it for the next round's pairs, measures them
 all at once, and records each pair's bus bandwidth; launch reads the verdict it leaves.
 
 A pair is as fast as its slower node, so a node is judged by its *best* pair. The bar is the

@@ -1,7 +1,7 @@
 """EC2's spot interruption notice, read on the node from its instance metadata (IMDSv2), and
 the last-chance checkpoint signal to the run's ranks there.
 
-    python train/spot.py watch RUN_DIR [--interval 5]
+    python launch_node/spot.py watch RUN_DIR [--interval 5]
 
 (the run's stamp and the node's name from LAUNCH_RUN_STAMP and LAUNCH_NODE, which every
 process of a run gets).
@@ -37,11 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.node_probe import STAMP_ENV, _environ, rank_processes  # noqa: E402
+from launch_node.node_probe import STAMP_ENV, _environ, rank_processes  # noqa: E402
 
 IMDS = "http://169.254.169.254"
 TOKEN_TTL_S = 21600
 NOTICE = "spot: interruption notice:"
+# The last-chance signal, and the variable launch gives every rank of a run that may get it
+# (train/checkpoint.py: every step the ranks agree whether one of them got it).
+LAST_CHANCE = signal.SIGUSR1
+INTERRUPTIBLE_ENV = "LAUNCH_INTERRUPTIBLE"
 
 
 class Metadata:
@@ -108,10 +112,10 @@ def last_chance(run_dir: str, stamp: str, node: str | None) -> list[str]:
         pid = rank.get("pid")
         if not isinstance(pid, int) or _environ(pid).get(STAMP_ENV) != stamp:
             continue
-        if not handles(pid, signal.SIGUSR1):
+        if not handles(pid, LAST_CHANCE):
             continue
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, LAST_CHANCE)
         except OSError:
             continue
         told.append(str(rank.get("rank") if rank.get("rank") is not None else f"pid {pid}"))

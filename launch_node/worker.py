@@ -1,5 +1,5 @@
 """Where every rank of a script, a module or the bundled trainer starts (launch's torchrun runs
-`python train/worker.py script PATH ARGS...` or `... module NAME ARGS...`), before it becomes
+`python launch_node/worker.py script PATH ARGS...` or `... module NAME ARGS...`), before it becomes
 that program with exec (same pid, so launch's probes and py-spy find it as the rank):
 
 - LAUNCH_ATTEMPT: the attempt the node agent was started for (launch's restarts, `--resume`)

@@ -1,6 +1,6 @@
 """Collective bandwidth sweep that torchrun starts on every rank (`launch bench`).
 
-    python train/bench.py --op all_reduce --sizes 8,16,...,67108864 --dtype float
+    python launch_bench/bench.py --op all_reduce --sizes 8,16,...,67108864 --dtype float
         --warmup-iters 5 --iters 20 --out-dir RUN_DIR/NODE
 
 It follows nccl-tests' procedure for each size: warm-up iterations, a barrier, `--iters` timed
@@ -10,7 +10,7 @@ over ranks). Rank 0 prints one line per size and writes OUT_DIR/bench-results.js
 turns that into nccl-tests' table, bandwidth.json and bandwidth.png. Imports nothing from
 launcher/, like train/main.py.
 
-With --gate it is the collective gate instead (train/gate.py): the last size over all nodes,
+With --gate it is the collective gate instead (launch_bench/gate.py): the last size over all nodes,
 then over node pairs until the slow node is named; rank 0 writes OUT_DIR/gate-results.json.
 
 Placements: torch.distributed has out-of-place forms of all_gather and reduce_scatter only;
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.gate import run_gate, write_results  # noqa: E402
+from launch_bench.gate import run_gate, write_results  # noqa: E402
 from train.main import die_with_parent, init_distributed  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--out-dir", default=".")
     p.add_argument("--gate", action="store_true",
-                   help="the collective gate (train/gate.py): the last size over all nodes, "
+                   help="the collective gate (launch_bench/gate.py): the last size over all nodes, "
                         "then node pairs until the slow node is named")
     p.add_argument("--floor-gbs", type=float,
                    help="with --gate: the bus bandwidth every pair must reach (GB/s); without "

@@ -1,13 +1,13 @@
 """What launch runs on a node (with the node's interpreter) to watch its ranks and, when the
 run hangs, to describe them. Prints JSON.
 
-    python train/node_probe.py heartbeats RUN_DIR
-    python train/node_probe.py activity RUN_DIR --stamp STAMP [--node NODE]
-    python train/node_probe.py dump RUN_DIR --stamp STAMP [--node NODE] [--timeout 10]
-    python train/node_probe.py kill --stamp STAMP PID...
-    python train/node_probe.py reap --stamp STAMP [--node NODE]
+    python launch_node/node_probe.py heartbeats RUN_DIR
+    python launch_node/node_probe.py activity RUN_DIR --stamp STAMP [--node NODE]
+    python launch_node/node_probe.py dump RUN_DIR --stamp STAMP [--node NODE] [--timeout 10]
+    python launch_node/node_probe.py kill --stamp STAMP PID...
+    python launch_node/node_probe.py reap --stamp STAMP [--node NODE]
 
-`heartbeats`: every rank's heartbeat file (train/heartbeat.py) in the node's folder.
+`heartbeats`: every rank's heartbeat file (launch_node/heartbeat.py) in the node's folder.
 `activity`: the heartbeats, and every process of this run on the node (its environment
 carries LAUNCH_RUN_STAMP=STAMP, whatever session it moved to): pid, state, CPU time, its rank
 when torchrun started it (RANK in its environment). A job of the user's own has no heartbeat:
@@ -29,7 +29,7 @@ job's child that moved to a session of its own, out of reach of the agent's proc
 `--node`: only the processes of that launch node (LAUNCH_NODE in their environment): nodes that
 share a machine's processes (local nodes, lab hosts in network namespaces) are told apart.
 
-Imports only the standard library (and the trainer's heartbeat module, stdlib too).
+Imports only the standard library (and heartbeat.py beside it, stdlib too).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.heartbeat import (HEARTBEAT_DIR, STACK_SIGNAL, read_heartbeat,  # noqa: E402
+from launch_node.heartbeat import (HEARTBEAT_DIR, STACK_SIGNAL, read_heartbeat,  # noqa: E402
                              stack_path)
 
 STAMP_ENV = "LAUNCH_RUN_STAMP"
@@ -120,7 +120,7 @@ def py_spy_dump(pid: int, timeout: float) -> tuple[str | None, str | None]:
 
 
 def faulthandler_dump(pid: int, path: Path, timeout: float) -> tuple[str | None, str | None]:
-    """Ask the rank to print its own stacks (train/heartbeat.py registered the signal)."""
+    """Ask the rank to print its own stacks (launch_node/heartbeat.py registered the signal)."""
     try:
         before = path.stat().st_size
     except OSError:

@@ -4,7 +4,7 @@
 
 Rewritten (atomically: temp file, rename) after every optimizer step and at every phase change
 (setup, train, evaluate, done). launch reads the files of every node (launcher/execute/watch.py)
-and, when none changes for the hang timeout, dumps each rank's stack (train/node_probe.py). A
+and, when none changes for the hang timeout, dumps each rank's stack (launch_node/node_probe.py). A
 stopped or wedged rank cannot write, and the ranks waiting for it in a collective cannot
 either: no file changes, whichever rank is at fault.
 
