@@ -1,9 +1,9 @@
 """Where to run, decided once for every command that runs on nodes (run, bench, topo, check):
 a Where (launcher/commands/where.py reads it from the command line) names a backend.
 
-    an inventory or a cluster   its hosts over SSH           (backends/ssh.py)
-    slurm                       a Slurm allocation            (backends/slurm.py)
-    none of these               this machine                  (backends/local.py)
+    an inventory or a cluster   its hosts over SSH           (backends/ssh/)
+    slurm                       a Slurm allocation            (backends/slurm/)
+    none of these               this machine                  (backends/local/)
 """
 
 from __future__ import annotations

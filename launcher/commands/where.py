@@ -2,10 +2,10 @@
 bench, topo, check), turned here into launcher.backends.Where: below the commands, no
 argparse Namespace travels.
 
-    -i INVENTORY     hosts of an Ansible inventory over SSH       (backends/ssh.py)
+    -i INVENTORY     hosts of an Ansible inventory over SSH       (backends/ssh/)
     --cluster NAME   the inventory `launch provision` wrote for NAME
-    --slurm          a Slurm allocation (sbatch/srun)              (backends/slurm.py)
-    --local, or none of these: this machine                       (backends/local.py)
+    --slurm          a Slurm allocation (sbatch/srun)              (backends/slurm/)
+    --local, or none of these: this machine                       (backends/local/)
 """
 
 from __future__ import annotations

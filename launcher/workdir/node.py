@@ -829,4 +829,4 @@ def serve(dest: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
         sys.exit(serve(sys.argv[2]))
-    sys.exit("usage: workdir_node.py serve DEST")
+    sys.exit("usage: node.py serve DEST")

@@ -115,7 +115,7 @@ def ship_local(manifest: Manifest, dest: Path, *, busy: str = "sibling") -> Ship
 
 
 class _Channel:
-    """Framed reads over a paramiko channel (see workdir_node.serve)."""
+    """Framed reads over a paramiko channel (see workdir/node.py serve)."""
 
     def __init__(self, channel):
         self.channel = channel
