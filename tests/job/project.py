@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 MAIN = r'''
-import json, os, signal, socket, subprocess, sys, time
+import gc, json, os, signal, socket, subprocess, sys, time
 
 import torch
 import torch.distributed as dist
@@ -108,6 +108,12 @@ for step in range(start, steps):
           f"busy_s={time.perf_counter() - started:.6f}", flush=True)
 if mode in ("term-ignore", "fork"):
     time.sleep(600)    # until launch stops it
+# DDP's reducer holds the process group: dropped first, or gloo's threads are torn down during
+# interpreter finalization, where gloo aborts a rank now and then ("terminate called without
+# an active exception"), as train/main.py found.
+del model, opt
+gc.collect()
+dist.barrier()
 dist.destroy_process_group()
 print(f"rank {rank} done", flush=True)
 '''
