@@ -412,11 +412,12 @@ def remote(*argv: str) -> str:
     return shlex.join(argv)
 
 
-def run_with_input(conn: Connection, command: str, data: bytes, *,
-                   timeout: float) -> tuple[int, str]:
+def run_with_input(conn: Connection, command: str, data: bytes, *, timeout: float,
+                   limit: int = 4 << 20) -> tuple[int, str]:
     """`command` on the open connection with `data` as its stdin, on one exec channel:
     (exit status, stdout and stderr together). invoke's run() feeds a stdin stream to the
-    channel a byte at a time."""
+    channel a byte at a time. Output past `limit` bytes ends the command (status -1): a node
+    cannot grow launch's memory without bound."""
     conn.open()
     channel = conn.client.get_transport().open_session()
     try:
@@ -428,9 +429,13 @@ def run_with_input(conn: Connection, command: str, data: bytes, *,
             channel.shutdown_write()
         except OSError:
             pass   # it ended without reading its input: its output and status say why
-        chunks = []
+        chunks, size = [], 0
         while chunk := channel.recv(1 << 16):
             chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                text = b"".join(chunks)[:limit].decode(errors="replace")
+                return -1, f"{text}\n(output over {limit >> 20} MB: cut, command ended)"
         return channel.recv_exit_status(), b"".join(chunks).decode(errors="replace")
     finally:
         channel.close()

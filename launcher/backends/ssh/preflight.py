@@ -229,7 +229,14 @@ def probe(conn: Connection, node: Node, port: int,
                                     unpack[1] if unpack else b"", timeout=120)
     for line in output.splitlines():
         if line.startswith("LAUNCH-PROBE "):
-            return json.loads(line.removeprefix("LAUNCH-PROBE "))
+            try:
+                facts = json.loads(line.removeprefix("LAUNCH-PROBE "))
+            except ValueError:
+                facts = None
+            if isinstance(facts, dict):
+                return facts
+            raise HostProblem(node.name, f"{node.python}: the probe's answer is not a JSON "
+                                         "object (is something printing into its output?)")
     detail = output.strip().splitlines()[-1:] or ["no output"]
     if exited == 127:
         raise HostProblem(node.name, f"interpreter {node.python} (launch_python) not found: "
