@@ -35,7 +35,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch_bench.gate import run_gate, write_results  # noqa: E402
-from train.main import die_with_parent, init_distributed  # noqa: E402
+from launch_node.worker import die_with_parent  # noqa: E402
+from train.main import init_distributed  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPES = {"float": torch.float32, "bfloat16": torch.bfloat16}

@@ -61,6 +61,9 @@ def hold_workdir(env) -> str | None:
 
 
 def die_with_parent() -> None:
+    """torchrun starts each worker in its own session, so a killed agent would leave workers
+    behind that no process-group signal reaches: the kernel kills us with the agent (kept
+    across exec; train/main.py asks again when started by hand or by launch_bench)."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()

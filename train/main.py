@@ -10,12 +10,10 @@ continues from the latest checkpoint (train/checkpoint.py).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import math
 import os
-import signal
 import socket
 import statistics
 import sys
@@ -41,6 +39,7 @@ from train.commtime import CommTimer, InterfaceCounter  # noqa: E402
 from train.data import DataSplits, ResumableSampler, load_dataset  # noqa: E402
 from train.ddp import AUTO, DDPSettings, wrap_ddp  # noqa: E402
 from launch_node.heartbeat import Heartbeat  # noqa: E402
+from launch_node.worker import die_with_parent  # noqa: E402
 from train.model import build_vit, count_parameters  # noqa: E402
 from train.options import add_options, lr_warmup_steps  # noqa: E402
 from train.stepsplit import split  # noqa: E402
@@ -48,21 +47,6 @@ from train.stragglers import StragglerWatch  # noqa: E402
 from train.trial import trial_round  # noqa: E402
 
 WARMUP_STEPS_EXCLUDED = 3  # first steps pay for allocation and bucket rebuilds; not throughput
-
-
-def die_with_parent() -> None:
-    """torchrun starts each worker in its own session, so a killed agent would leave workers
-    behind that no process-group signal reaches. Ask the kernel to kill us with the agent."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != parent:  # the agent died before prctl took effect
-        os._exit(1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

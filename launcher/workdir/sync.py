@@ -55,7 +55,11 @@ def _sources(manifest: Manifest) -> dict[str, tuple[str, int]]:
 
 
 def _open_source(manifest: Manifest, path: str):
-    fd = os.open(manifest.root / path, os.O_RDONLY | os.O_NOFOLLOW)
+    """The scanned file, never a link put in its place; WorkdirError when it is gone."""
+    try:
+        fd = os.open(manifest.root / path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        raise WorkdirError(_changed(manifest, path)) from None
     return os.fdopen(fd, "rb")
 
 
@@ -96,11 +100,7 @@ def ship_local(manifest: Manifest, dest: Path, *, busy: str = "sibling") -> Ship
     def fetch(missing: list[str], receive) -> None:
         for sha in missing:
             path, _size = sources[sha]
-            try:
-                source = _open_source(manifest, path)
-            except OSError:
-                raise WorkdirError(_changed(manifest, path)) from None
-            with source:
+            with _open_source(manifest, path) as source:
                 proven = _proven(manifest, path, source)
                 receive(sha, _Reader(source, manifest, path), proven)
                 if proven and not _proven(manifest, path, source):
@@ -244,11 +244,7 @@ class _Batch:
 def _send_file(channel, manifest: Manifest, path: str, size: int) -> None:
     """The file's `size` bytes into the channel; WorkdirError when the file is no longer
     what the scan read (the node then sees the channel close and keeps nothing of it)."""
-    try:
-        source = _open_source(manifest, path)
-    except OSError:
-        raise WorkdirError(_changed(manifest, path)) from None
-    with source:
+    with _open_source(manifest, path) as source:
         proven = _proven(manifest, path, source)
         channel.sendall(b"\1" if proven else b"\0")
         left = size
