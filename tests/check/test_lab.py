@@ -8,14 +8,11 @@ floor sits at 0.02 GB/s between them; the stopped rank is held 70% of the time."
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 
 import pytest
 
-from tests.run.conftest import FAST, LaunchProcess, wait_for, write_recipe
+from tests.run.conftest import (FAST, LaunchProcess, stopped_most_of_the_time, wait_for,
+                                write_recipe)
 from tests.ssh.conftest import lab_worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -117,34 +114,14 @@ def test_a_rank_slowed_from_outside_is_named(lab3, tmp_path):
                                  "log_every": 5})
     run = LaunchProcess(["run", str(recipe), "-i", str(lab3.inventory), "--nodes", "3",
                          "--run-id", "slowed", "--rdzv-port", "29635"], tmp_path)
-    stop = threading.Event()
-    worker = None
     try:
         run_dir = tmp_path / "runs/slowed"
         wait_for(lambda: _progress_seen(run_dir), 300, "the first progress line")
         worker = wait_for(lambda: lab_worker_pid(lab3, "host2", "slowed"), 60, "host2's rank")
-
-        def duty_cycle():
-            # Stopped 70% of the time, from the sixth step to the end.
-            while not stop.is_set():
-                try:
-                    os.kill(worker, signal.SIGSTOP)
-                    time.sleep(0.25)
-                    os.kill(worker, signal.SIGCONT)
-                    time.sleep(0.1)
-                except ProcessLookupError:
-                    return
-
-        thread = threading.Thread(target=duty_cycle, daemon=True)
-        thread.start()
-        code = run.wait(timeout=400)
+        # Stopped 70% of the time, from the sixth step to the end.
+        with stopped_most_of_the_time(worker):
+            code = run.wait(timeout=400)
     finally:
-        stop.set()
-        if worker is not None:
-            try:
-                os.kill(worker, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         run.kill()
     output = run.output()
     assert code == 0, output[-3000:]

@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.run.conftest import FAST, wait_for, worker_pid  # noqa: E402
+from tests.run.conftest import FAST, stopped_most_of_the_time, wait_for, worker_pid  # noqa: E402
 
 DATA = REPO / "tests/report/data/runs"
 KEEP = ("plan.json", "summary.json", "metrics.jsonl", "progress.jsonl", "recipe.yml")
@@ -121,25 +120,8 @@ def make_straggler(cwd: Path) -> None:
     run_dir = cwd / "runs" / name
     wait_for(lambda: progressed(run_dir), 300, "the first progress line")
     victim = wait_for(lambda: worker_pid(name, "node1"), 60, "node1's rank")
-    stop = threading.Event()
-
-    def duty_cycle():
-        while not stop.is_set():
-            try:
-                os.kill(victim, signal.SIGSTOP)
-                time.sleep(0.25)
-                os.kill(victim, signal.SIGCONT)
-                time.sleep(0.1)
-            except ProcessLookupError:
-                return
-
-    thread = threading.Thread(target=duty_cycle, daemon=True)
-    thread.start()
-    try:
+    with stopped_most_of_the_time(victim):
         finish(proc, name)
-    finally:
-        stop.set()
-        thread.join()
     keep(run_dir, name, node_logs=True)
 
 

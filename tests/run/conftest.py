@@ -4,7 +4,9 @@ import copy
 import os
 import signal
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,35 @@ def worker_pid(run_id: str, node: str) -> int | None:
         if any(a.endswith("train/main.py") for a in args) and any(a.endswith(f"/{node}") for a in args):
             return pid
     return None
+
+
+@contextmanager
+def stopped_most_of_the_time(pid: int):
+    """A straggler made from outside: the process stopped 70% of the time (SIGSTOP 0.25 s,
+    SIGCONT 0.1 s) until the block ends, then left running."""
+    stop = threading.Event()
+
+    def duty_cycle():
+        while not stop.is_set():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.25)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.1)
+            except ProcessLookupError:
+                return
+
+    thread = threading.Thread(target=duty_cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
