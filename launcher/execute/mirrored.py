@@ -15,6 +15,7 @@ from launcher.execute.prepare import PrepareFailed, in_parallel_or_raise
 from launcher.execute.sidecar import Sidecar
 from launcher.job.mirror import DRAIN_S, LABEL
 from launcher.job.runplan import NodeCommand, RunPlan
+from launcher.runs.logs import LineSink
 
 
 def watcher(plan: RunPlan, make: Callable[[NodeCommand], Any]) -> list[Sidecar]:
@@ -29,26 +30,11 @@ class _Output:
     """A restore's lines: to the node's log (labelled) and kept for the failure message."""
 
     def __init__(self, router, node: str):
-        self.router, self.node, self.lines, self.partial = router, node, [], ""
+        self.router, self.node, self.lines = router, node, []
 
     def line(self, text: str) -> None:
         self.lines = [*self.lines[-19:], text]
         self.router.line(self.node, text, label=LABEL)
-
-    # file-like, for fabric's output threads
-    def write(self, data: str) -> None:
-        self.partial += data
-        *whole, self.partial = self.partial.split("\n")
-        for text in whole:
-            self.line(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.partial:
-            self.line(self.partial)
-            self.partial = ""
 
     def failure(self, dest: str, code: int | None) -> PrepareFailed:
         how = "could not be run" if code is None else f"exited with code {code}"
@@ -79,10 +65,11 @@ def ssh_runner(procs: dict[str, Any]) -> Callable[[NodeCommand, _Output], int | 
 
     def run(command: NodeCommand, out: _Output) -> int | None:
         line = remote("env", *(f"{k}={v}" for k, v in command.env.items()), *command.argv)
+        sink = LineSink(out.line)   # file-like, for fabric's output threads
         result = procs[command.name].connection().run(
-            line, hide=True, warn=True, pty=False, in_stream=False, out_stream=out,
-            err_stream=out)
-        out.close()
+            line, hide=True, warn=True, pty=False, in_stream=False, out_stream=sink,
+            err_stream=sink)
+        sink.close()
         return result.exited
 
     return run
