@@ -37,6 +37,24 @@ SLOW_FIXTURES = LAB_FIXTURES | {
     "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one"}
 
 
+# Where a test runs when the suite is spread over processes (pytest-xdist, `--dist loadgroup`,
+# as scripts/test runs it): a slow test stays with the rest of its module, so the module's lab
+# is built once; the tests of one shared stand-in stay in one process: the Slurm lab (one
+# slurmctld serves them all) and the setup tests' Debian root and package site. Fast tests go
+# wherever a process is free.
+SHARED_GROUPS = {"slurm_lab": "slurm", "lab_ready": "setup"}
+
+
+def _group(item, used: set[str]) -> str | None:
+    for fixture, group in SHARED_GROUPS.items():
+        if fixture in used:
+            return group
+    if item.get_closest_marker("slow"):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
@@ -44,6 +62,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         if used & SLOW_FIXTURES or item.get_closest_marker("lab"):
             item.add_marker(pytest.mark.slow)
+        group = _group(item, used)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_unconfigure(config):

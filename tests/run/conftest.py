@@ -37,17 +37,22 @@ def write_recipe(directory: Path, name: str = "recipe.yml", **sections) -> Path:
     return path
 
 
-def run_pids(run_id: str) -> list[int]:
+def run_pids(run_id: str, *, this_worker: bool = True) -> list[int]:
     """Every process of a run: each one inherits LAUNCH_RUN_ID from its node agent. (Written
     apart from launcher/execute/local.py's sweep on purpose: a bug in the cleanup must not be
-    able to hide itself from the test that checks it.)"""
-    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+    able to hide itself from the test that checks it.) Only this test process's runs: a test
+    in another pytest-xdist worker may use the same run id at the same time, and its processes
+    carry that worker's name (`this_worker=False` for processes started through a lab's sshd,
+    which does not pass it on)."""
+    needles = {f"LAUNCH_RUN_ID={run_id}".encode()}
+    if this_worker and os.environ.get("PYTEST_XDIST_WORKER"):
+        needles.add(f"PYTEST_XDIST_WORKER={os.environ['PYTEST_XDIST_WORKER']}".encode())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+            if needles <= set((entry / "environ").read_bytes().split(b"\0")):
                 found.append(int(entry.name))
         except OSError:
             continue

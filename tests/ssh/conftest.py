@@ -14,7 +14,7 @@ from launch_node.mirror import FolderStore
 def run_env_pids(lab: Lab, host: str, run_id: str) -> list[int]:
     """Processes on a lab host (its network namespace) that belong to the run."""
     on_host = set(lab.pids(host))
-    return [pid for pid in run_pids(run_id) if pid in on_host]
+    return [pid for pid in run_pids(run_id, this_worker=False) if pid in on_host]
 
 
 def only_sshd_left(lab: Lab) -> dict[str, list[str]]:
