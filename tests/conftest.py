@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -107,14 +109,26 @@ def launch_cmd(*args: str) -> list[str]:
 @pytest.fixture(scope="session")
 def demo_local_run(tmp_path_factory):
     """The README's demo, run once on this machine: (CompletedProcess, run folder). Shared by
-    the local-run test and the SSH test that must reach the same accuracy."""
-    cwd = tmp_path_factory.mktemp("demo-local")
-    # As the README types it: no --local (the default without an inventory), a bundled name.
-    proc = subprocess.run(
-        launch_cmd("run", "--nodes", "2", "vit-tiny-local", "--run-id", "demo"),
-        cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
-    )
-    return proc, cwd / "runs" / "demo"
+    the tests that read it (the local run's, the report page's, the live view's, and the SSH and
+    Slurm tests that must reach the same accuracy), once per suite even when the suite is spread
+    over processes: the first that needs it runs it, the others wait for it and read it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent   # the folder every worker's own temporary folder is in
+    cwd, answer = shared / "demo-local", shared / "demo-local.json"
+    with open(shared / "demo-local.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not answer.exists():
+            cwd.mkdir(exist_ok=True)
+            # As the README types it: no --local (the default without an inventory), a bundled
+            # name.
+            proc = subprocess.run(
+                launch_cmd("run", "--nodes", "2", "vit-tiny-local", "--run-id", "demo"),
+                cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
+            )
+            answer.write_text(json.dumps([proc.args, proc.returncode, proc.stdout, proc.stderr]))
+        args, code, out, err = json.loads(answer.read_text())
+    return subprocess.CompletedProcess(args, code, out, err), cwd / "runs" / "demo"
 
 
 @pytest.fixture
