@@ -136,7 +136,7 @@ def test_a_run_on_a_terminal_redraws_the_node_lines_in_place(tmp_path):
     of them: they were redrawn in place, not printed."""
     if not shutil.which("tmux"):
         pytest.skip("tmux is not installed (scripts/test installs it as root)")
-    recipe = write_recipe(tmp_path, train={"steps": 200, "log_every": 5})
+    recipe = write_recipe(tmp_path, train={"steps": 100, "log_every": 5})
     session = f"launch-live-{tmp_path.name}"[:60]
     launch = shlex.join([sys.executable, "-m", "launcher", "run", str(recipe), "--local",
                          "--nodes", "2", "--run-id", "live"])
@@ -170,7 +170,7 @@ def test_a_run_on_a_terminal_redraws_the_node_lines_in_place(tmp_path):
     assert len(steps) > 1, "the node lines never changed"    # updated as the run went on
     # Redrawn in place: the scrollback holds the trainer's lines, never a board line, and
     # the per-node lines it replaced are not printed either.
-    assert "node0/0: step 200/200" in history
+    assert "node0/0: step 100/100" in history
     assert not board(history) and "per node at step" not in history
 
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.lab]
 
 def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, tmp_path):
     dest = lab.dir / "mirror"
-    recipe = write_recipe(tmp_path, train={"steps": 240, "log_every": 20},
+    recipe = write_recipe(tmp_path, train={"steps": 120, "log_every": 20},
                           checkpoint={"every_steps": 20, "keep": 2, "mirror": str(dest)})
     reference = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
                                "--run-id", "whole", "--rdzv-port", "29652"], tmp_path)
@@ -31,7 +31,7 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
                          "--run-id", "lost", "--rdzv-port", "29653", "--recover", "1"],
                         tmp_path)
     try:
-        wait_for(lambda: newest_step(dest, "lost") >= 80, 300, "step 80 in the mirror")
+        wait_for(lambda: newest_step(dest, "lost") >= 40, 300, "step 40 in the mirror")
         lab.lose("host0")
         saved = newest_step(dest, "lost")
         # Its disk went with it: the head's checkpoints are only in the mirror now.
@@ -44,7 +44,7 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     assert code == 0, out[-5000:]
     run_dir = tmp_path / "runs" / "lost"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "succeeded" and summary["steps"] == 240
+    assert summary["status"] == "succeeded" and summary["steps"] == 120
     (recovery,) = summary["recoveries"]
     assert (recovery["node"], recovery["replacement"]) == ("host0", "host2")
     assert recovery["why"] == "lab host host0: its network namespace is gone"
