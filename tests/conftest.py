@@ -56,16 +56,6 @@ def _group(item, used: set[str]) -> str | None:
     return None
 
 
-def _start_order(item) -> int:
-    """Processes take the groups in collection order: the longest first (the shared labs'
-    groups, minutes each), then the other slow modules, and the fast tests last, to fill the
-    end of every process's share rather than leave one process alone with a long group."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark and mark.args and mark.args[0] in SHARED_GROUPS.values():
-        return 0
-    return 1 if item.get_closest_marker("slow") else 2
-
-
 @pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -77,7 +67,6 @@ def pytest_collection_modifyitems(config, items):
         group = _group(item, used)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_start_order)   # stable: a module's tests keep their order
 
 
 def pytest_unconfigure(config):
