@@ -6,6 +6,7 @@ run hangs, to describe them. Prints JSON.
     python launch_node/node_probe.py dump RUN_DIR --stamp STAMP [--node NODE] [--timeout 10]
     python launch_node/node_probe.py kill --stamp STAMP PID...
     python launch_node/node_probe.py reap --stamp STAMP [--node NODE]
+    python launch_node/node_probe.py watch RUN_DIR --stamp STAMP [--node NODE]
 
 `heartbeats`: every rank's heartbeat file (launch_node/heartbeat.py) in the node's folder.
 `activity`: the heartbeats, and every process of this run on the node (its environment
@@ -26,6 +27,9 @@ On NCCL ranks it also asks the flight recorder for a dump (TORCH_NCCL_DEBUG_INFO
 torchrun then restarts the node's workers, the way it does when one dies.
 `reap`: SIGKILL to every process of this run still on the node, once its agents are gone (a
 job's child that moved to a session of its own, out of reach of the agent's process group).
+`watch`: `heartbeats` or `activity` for every such line on stdin, one JSON line each, until
+stdin ends: the hang watch's looks over one SSH channel kept for the run, each a line instead
+of an interpreter started (launcher/backends/ssh/watcher.py).
 `--node`: only the processes of that launch node (LAUNCH_NODE in their environment): nodes that
 share a machine's processes (local nodes, lab hosts in network namespaces) are told apart.
 
@@ -313,6 +317,22 @@ def reap(stamp: str, node: str | None = None) -> dict[str, Any]:
     return kill([p["pid"] for p in run_processes(stamp, node)], stamp)
 
 
+def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
+    while line := sys.stdin.readline():
+        what = line.strip()
+        if what == "heartbeats":
+            answer: Any = read_heartbeats(run_dir)
+        elif what == "activity":
+            answer = activity(run_dir, stamp, node)
+        else:
+            print(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, activity)",
+                  file=sys.stderr)
+            return 2
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -333,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("reap")
     rp.add_argument("--stamp", required=True)
     rp.add_argument("--node")
+    wp = sub.add_parser("watch")
+    wp.add_argument("run_dir")
+    wp.add_argument("--stamp", required=True)
+    wp.add_argument("--node")
     args = p.parse_args(argv)
     if args.what == "heartbeats":
         print(json.dumps(read_heartbeats(args.run_dir)))
@@ -342,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(dump(args.run_dir, args.stamp, args.timeout, args.node)))
     elif args.what == "reap":
         print(json.dumps(reap(args.stamp, args.node)))
+    elif args.what == "watch":
+        return watch(args.run_dir, args.stamp, args.node)
     else:
         print(json.dumps(kill(args.pids, args.stamp)))
     return 0
