@@ -43,8 +43,10 @@ from launcher.job.recipe import Recipe, check_recipe_for_hardware
 #
 # torch's facts (version, CUDA build, GPUs it sees) cost a torch import, ~1.5 s of CPU. They are
 # cached in ~/.cache/launch/torch-facts.json under a key of everything that could change them:
-# the interpreter, torch's installed version and its folder's mtime, the NVIDIA driver's
-# version, the GPU devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
+# the interpreter, torch's installed version (its version.py as the file system sees it: every
+# install writes it anew; importlib.metadata.version cost half of the probe's own 50 ms of CPU,
+# on every node of every launch) and its folder's mtime, the NVIDIA driver's version, the GPU
+# devices the driver lists and CUDA_VISIBLE_DEVICES. Any change: import again.
 # What torch says is asked as `launch check` asks it: ask_node.py's torch_facts, put in front.
 PROBE = node_function("torch_facts") + r"""
 import base64, hashlib, json, os, shutil, socket, subprocess, sys
@@ -83,7 +85,7 @@ def read(path):
         return ""
 
 def cached_torch_facts():
-    import importlib.metadata, importlib.util
+    import importlib.util
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {"torch_error": "ModuleNotFoundError: No module named 'torch'"}
@@ -92,7 +94,12 @@ def cached_torch_facts():
         gpus_dir = sorted(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         gpus_dir = []
-    key = json.dumps([sys.executable, importlib.metadata.version("torch"),
+    try:
+        version = os.stat(os.path.join(folder, "version.py"))
+        installed = [version.st_ino, version.st_size, version.st_mtime_ns]
+    except OSError:
+        installed = None
+    key = json.dumps([sys.executable, installed,
                       os.stat(folder).st_mtime_ns, read("/proc/driver/nvidia/version"),
                       gpus_dir, os.environ.get("CUDA_VISIBLE_DEVICES")])
     cache = os.path.join(os.path.expanduser("~"), ".cache", "launch", "torch-facts.json")
