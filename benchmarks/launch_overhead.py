@@ -7,13 +7,21 @@ from there), which should cost no more than the bundled trainer.
 Where launch's time goes: a table of phases, each the median over repeats of the time from
 one milestone to the next, a milestone being reached when the last host reaches it
 (connected, code uploaded, workdir shipped, probed: preflight; run folder and plan; the
-rendezvous store started; every agent started; every worker's first line, before it imports
-torch; every rank past rendezvous). The plain fan-out has the last two.
+rendezvous store started; every agent started; the store's line that it is up; every worker's
+first line, before it imports torch; every rank past rendezvous). The plain fan-out has the
+last two.
+
+With `--cpu`, also the CPU every process used, by kind (median seconds): on the lab hosts
+(every process in their network namespaces: the preflight probe, the workdir ship, the
+rendezvous store, the hang watch, the agents and their ranks, sshd and shells) and here
+(launch itself, the plain fan-out's ssh clients). All hosts share this machine's cores, so
+CPU one variant spends that the other does not is time: the instrument that found where the
+ratio went (process accounting, acct(2); a sampler process names each pid by its command line).
 
 Needs root (it builds a lab of SSH hosts in network namespaces). Prints the tables and writes
 benchmarks/results/launch_overhead.json.
 
-    .venv/bin/python benchmarks/launch_overhead.py [--hosts 2 4 8] [--repeats 3]
+    .venv/bin/python benchmarks/launch_overhead.py [--hosts 2 4 8] [--repeats 3] [--cpu]
 
 The Slurm column (`--slurm`): on a Slurm lab (`launch lab up --slurm`: slurmctld and a slurmd
 per network namespace), the same time for `launch run --slurm` (preflight, code copied into
@@ -28,11 +36,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import re
+import resource
+import select
 import shlex
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -60,8 +72,8 @@ PROBE = REPO / "launch_bench" / "rendezvous_probe.py"
 
 # Milestones in the order a launch reaches them (the last host's time, from the start).
 MILESTONES = ("connected", "code uploaded", "workdir shipped", "probed", "preflight done",
-              "planned", "store started", "agents started", "workers started",
-              "rendezvous passed")
+              "planned", "store started", "agents started", "store listening",
+              "workers started", "rendezvous passed")
 
 
 class Timeline:
@@ -100,7 +112,9 @@ def timed(timeline: Timeline):
     import launcher.backends.ssh.agent as remote_agent
     import launcher.backends.ssh.preflight as preflight
     import launcher.execute.runner as runner
+    import launcher.runs.logs as logs
     import launcher.workdir.sync as workdir_sync
+    from launch_node.rdzv_store import READY
 
     def after(module, name: str, milestone: str, first_call_marks=None):
         original = getattr(module, name)
@@ -115,6 +129,7 @@ def timed(timeline: Timeline):
 
     starts = []
     original_start = remote_agent.SshNodeProcess.start
+    original_line = logs.LineRouter.line
 
     def start(self):
         original_start(self)
@@ -124,10 +139,17 @@ def timed(timeline: Timeline):
             starts.append(self.name)
             timeline.mark("agents started")
 
-    # The code's own upload is gone since preflight's probe writes it (its row stays for
-    # runs of the code before).
+    def line(self, node, raw, label=None):
+        if label == "store" and raw.startswith(READY):
+            timeline.mark("store listening")
+        original_line(self, node, raw, label)
+
+    # The code's own upload is gone since preflight's probe writes it, and the probe is a
+    # NodeProbe since it starts before the workdir's ship (the older names stay, for runs of
+    # the code before).
     wrapped = [(preflight, "connect", "connected"), (remote_agent, "upload", "code uploaded"),
                (workdir_sync, "ship_ssh", "workdir shipped"), (preflight, "probe", "probed"),
+               (getattr(preflight, "NodeProbe", None), "facts", "probed"),
                (preflight, "preflight", "preflight done")]
     patches = [after(module, name, milestone) for module, name, milestone in wrapped
                if hasattr(module, name)]
@@ -135,12 +157,131 @@ def timed(timeline: Timeline):
     for module, name, _, wrapper in patches:
         setattr(module, name, wrapper)
     remote_agent.SshNodeProcess.start = start
+    logs.LineRouter.line = line
     try:
         yield
     finally:
         for module, name, original, _ in patches:
             setattr(module, name, original)
         remote_agent.SshNodeProcess.start = original_start
+        logs.LineRouter.line = original_line
+
+
+# ---- CPU by kind (--cpu) -------------------------------------------------------------------
+
+# What ran on the lab hosts, by its command line: the first kind one of whose marks it holds.
+CPU_KINDS = (
+    ("preflight probe", ("def torch_facts",)),                       # python -c PROBE
+    ("workdir ship", ("The receiving side of a workdir ship",)),     # python -c NODE_SOURCE
+    ("rendezvous store", ("/rdzv_store.py",)),
+    ("hang watch", ("/node_probe.py",)),
+    # A rank is forked by its agent before it execs: seen then, it has the agent's command line.
+    ("agents and ranks", ("torch.distributed.run", "/worker.py", "probe.py")),
+)
+ON_HOSTS_ELSE = "sshd and shells"
+HERE = ("launch itself", "ssh clients")
+CPU_ROWS = (*(kind for kind, _ in CPU_KINDS), ON_HOSTS_ELSE, *HERE)
+# struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid, btime,
+# etime, then comp_t utime, stime, mem, io, rw, minflt, majflt, swaps, and the command name.
+ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")
+
+
+def comp_t(value: int) -> int:
+    """acct's 16-bit float: 13 bits of mantissa, 3 of base-8 exponent."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+def kind_of(cmdline: str) -> str:
+    for kind, marks in CPU_KINDS:
+        if any(mark in cmdline for mark in marks):
+            return kind
+    return ON_HOSTS_ELSE
+
+
+def sample_pids(namespaces: list[str]) -> int:
+    """The sampler (`--sample-pids`): every process in these network namespaces (inode
+    numbers) by pid, with its command line once it is final (after sshd, sh and env exec
+    what they run), until stdin ends; then the map as JSON. Says `ready` after its first look."""
+    seen: dict[int, str] = {}
+    final: set[int] = set()
+    wanted = {f"net:[{inode}]" for inode in namespaces}
+    passing = ("sshd", "sh", "bash", "dash", "env", "setsid")
+    looks = 0
+    while not select.select([sys.stdin], [], [], 0.02)[0] or sys.stdin.read(1):
+        looks += 1
+        if looks == 2:
+            print("ready", flush=True)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in final:
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/net") not in wanted:
+                    final.add(int(entry))   # not on a lab host: never looked at again
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            seen[int(entry)] = b" ".join(argv).decode(errors="replace")[:600]
+            if os.path.basename(argv[0].decode(errors="replace")).split(":")[0] not in passing:
+                final.add(int(entry))
+    print(json.dumps(seen))
+    return 0
+
+
+class CpuMeter:
+    """CPU seconds by kind of every process of one timed run: process accounting for what
+    ran on the lab hosts (each record written when its process exits; the run's all have by
+    the time it returns), rusage for this process and its children."""
+
+    def __init__(self, lab: Lab, folder: Path):
+        self.file = folder / f"acct-{time.monotonic_ns()}"
+        self.file.touch()
+        namespaces = [str(Path(f"/run/netns/{h.netns}").stat().st_ino) for h in lab.hosts]
+        self.sampler = subprocess.Popen(
+            [sys.executable, __file__, "--sample-pids", *namespaces], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        self.libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        self.seconds: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        if self.sampler.stdout.readline().strip() != "ready":
+            raise RuntimeError("the pid sampler did not start")
+        if self.libc.acct(str(self.file).encode()) != 0:
+            raise OSError(ctypes.get_errno(), "acct(2): process accounting (needs root)")
+        self.before = (resource.getrusage(resource.RUSAGE_SELF),
+                       resource.getrusage(resource.RUSAGE_CHILDREN))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        after = (resource.getrusage(resource.RUSAGE_SELF),
+                 resource.getrusage(resource.RUSAGE_CHILDREN))
+        time.sleep(0.3)   # the last records
+        self.libc.acct(None)
+        names = {int(pid): cmd for pid, cmd in json.loads(self.sampler.communicate("")[0]).items()}
+        self.seconds = dict.fromkeys(CPU_ROWS, 0.0)
+        for kind, (b, a) in zip(HERE, zip(self.before, after)):
+            self.seconds[kind] = (a.ru_utime - b.ru_utime) + (a.ru_stime - b.ru_stime)
+        data = self.file.read_bytes()
+        self.file.unlink()
+        ticks = os.sysconf("SC_CLK_TCK")
+        for offset in range(0, len(data) - ACCT_V3.size + 1, ACCT_V3.size):
+            record = ACCT_V3.unpack_from(data, offset)
+            pid, ppid, utime, stime = record[6], record[7], record[10], record[11]
+            # A process too short-lived for the sampler counts as its parent's kind; one of
+            # neither is not the lab's (the machine is shared).
+            cmd = names.get(pid, names.get(ppid))
+            if cmd is not None:
+                self.seconds[kind_of(cmd)] += (comp_t(utime) + comp_t(stime)) / ticks
+
+
+@contextlib.contextmanager
+def measured_cpu(lab: Lab, on: bool):
+    if not on:
+        yield None
+        return
+    with CpuMeter(lab, lab.dir) as meter:
+        yield meter
 
 
 def probe_program(place):
@@ -161,14 +302,23 @@ def last_rank_passed(text: str, world: int) -> float:
 
 
 def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int,
-                workdir: Path | None = None) -> tuple[float, dict[str, float]]:
-    """(seconds to every rank past rendezvous, the phases). With `workdir`: a user's own
-    script there, as `launch run --ssh probe.py` from that folder runs it."""
+                workdir: Path | None = None, cpu: bool = False
+                ) -> tuple[float, dict[str, float], dict[str, float] | None]:
+    """(seconds to every rank past rendezvous, the phases, CPU by kind with `cpu`). With
+    `workdir`: a user's own script there, as `launch run --ssh probe.py` from that folder
+    runs it."""
     nodes = load_inventory(lab.inventory)[:hosts]
     # The benchmark prints its own table; the runs' lines go nowhere.
     quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
     backend = SshBackend(lab.inventory, SshOptions())
-    timeline = Timeline()
+    with measured_cpu(lab, cpu) as meter:
+        timeline = Timeline()
+        launch_timed(backend, timeline, hosts, nodes, run_id, runs_dir, port, quiet, workdir)
+    logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
+    return timeline.from_logs(logs, hosts), timeline.phases(), meter and meter.seconds
+
+
+def launch_timed(backend, timeline, hosts, nodes, run_id, runs_dir, port, quiet, workdir):
     with timed(timeline):
         if workdir is None:
             backend.launch(recipe_for(hosts), nodes, run_id,
@@ -181,8 +331,6 @@ def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int,
             manifest = scan_workdir(workdir)
             backend.launch(recipe, nodes, run_id, LaunchOptions(str(runs_dir), display=quiet),
                            rdzv_port=port, job=job, workdir=manifest)
-    logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
-    return timeline.from_logs(logs, hosts), timeline.phases()
 
 
 def user_recipe(hosts: int, workdir: Path):
@@ -201,8 +349,8 @@ def user_workdir(tmp: Path) -> Path:
     return folder
 
 
-def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int
-                      ) -> tuple[float, dict[str, float]]:
+def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int, cpu: bool = False
+                      ) -> tuple[float, dict[str, float], dict[str, float] | None]:
     """What people script by hand: the same torchrun line per host, over ssh, all at once,
     with the code already in place (copied before the clock starts)."""
     nodes = load_inventory(lab.inventory)[:hosts]
@@ -214,20 +362,22 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int
         (code / "rendezvous_probe.py").write_bytes(PROBE.read_bytes())
     ssh = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
-    timeline = Timeline()
-    procs = []
-    for cmd, node in zip(plan.nodes, nodes):
-        env = [f"{k}={v}" for k, v in cmd.env.items()]
-        # By hand the head's agent hosts the rendezvous store (c10d's default), where launch
-        # runs it as a process of its own.
-        argv = [a.replace("is_host=0", "is_host=1") if cmd.is_head else a for a in cmd.argv]
-        line = shlex.join(["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", cmd.cwd, "env",
-                           *env, *argv])
-        procs.append(subprocess.Popen([*ssh, f"root@{node.address}", line], text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    timeline.mark("agents started")
-    out = "".join(p.communicate(timeout=600)[0] for p in procs)
-    return timeline.from_logs(out, hosts), timeline.phases()
+    with measured_cpu(lab, cpu) as meter:
+        timeline = Timeline()
+        procs = []
+        for cmd, node in zip(plan.nodes, nodes):
+            env = [f"{k}={v}" for k, v in cmd.env.items()]
+            # By hand the head's agent hosts the rendezvous store (c10d's default), where
+            # launch runs it as a process of its own.
+            argv = [a.replace("is_host=0", "is_host=1") if cmd.is_head else a
+                    for a in cmd.argv]
+            line = shlex.join(["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", cmd.cwd,
+                               "env", *env, *argv])
+            procs.append(subprocess.Popen([*ssh, f"root@{node.address}", line], text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        timeline.mark("agents started")
+        out = "".join(p.communicate(timeout=600)[0] for p in procs)
+    return timeline.from_logs(out, hosts), timeline.phases(), meter and meter.seconds
 
 
 def main() -> int:
@@ -239,7 +389,12 @@ def main() -> int:
     parser.add_argument("--slurm", action="store_true",
                         help="the Slurm column instead: launch --slurm vs a hand-written sbatch")
     parser.add_argument("--slurm-nodes", type=int, default=2)
+    parser.add_argument("--cpu", action="store_true",
+                        help="also the CPU every process used, by kind (process accounting)")
+    parser.add_argument("--sample-pids", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sample_pids:
+        return sample_pids(args.sample_pids)
     if args.slurm:
         return slurm_main(args.slurm_nodes, args.repeats)
 
@@ -253,6 +408,7 @@ def main() -> int:
             for hosts in args.hosts:
                 seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
                 phases: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+                cpu: dict[str, list[dict]] = {v: [] for v in VARIANTS}
                 for rep in range(args.repeats):
                     port += 3
                     # Rotate the order so no variant always runs on a warmer cache.
@@ -260,19 +416,28 @@ def main() -> int:
                     for i, variant in enumerate(order):
                         run_id = f"{variant}-{hosts}-{rep}"
                         if variant == "plain":
-                            took, split = time_plain_fanout(lab, hosts, run_id, port + i)
+                            took, split, used = time_plain_fanout(lab, hosts, run_id,
+                                                                  port + i, cpu=args.cpu)
                         else:
-                            took, split = time_launch(
+                            took, split, used = time_launch(
                                 lab, hosts, run_id, tmp / "runs", port + i,
-                                workdir=workdir if variant == "script" else None)
+                                workdir=workdir if variant == "script" else None,
+                                cpu=args.cpu)
                         seconds[variant].append(took)
                         phases[variant].append(split)
+                        if used is not None:
+                            cpu[variant].append(used)
                 row = {"hosts": hosts}
                 for v in VARIANTS:
                     row[f"{v}_s"] = statistics.median(seconds[v])
                     row[f"{v}_samples"] = seconds[v]
                     row[f"{v}_phases"] = {m: statistics.median(p.get(m, 0.0) for p in phases[v])
                                           for m in MILESTONES if any(m in p for p in phases[v])}
+                    if cpu[v]:
+                        row[f"{v}_cpu"] = {k: statistics.median(c[k] for c in cpu[v])
+                                           for k in CPU_ROWS}
+                        row[f"{v}_cpu_total"] = statistics.median(sum(c.values())
+                                                                  for c in cpu[v])
                 row["ratio"] = row["launch_s"] / row["plain_s"]
                 row["script_ratio"] = row["script_s"] / row["plain_s"]
                 results.append(row)
@@ -282,13 +447,15 @@ def main() -> int:
         finally:
             lab.destroy()
 
-    table = "\n".join([summary_table(results), "", phase_table(results)])
+    table = "\n".join([summary_table(results), "", phase_table(results),
+                       *(["", cpu_table(results)] if args.cpu else [])])
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).with_suffix(".txt").write_text(table + "\n")
     Path(args.out).write_text(json.dumps({
         "what": "seconds from start to every rank past rendezvous (median of repeats); "
-                "phases: seconds from one milestone (reached by the last host) to the next",
+                "phases: seconds from one milestone (reached by the last host) to the next; "
+                "cpu (--cpu): CPU seconds by kind of process (median of repeats)",
         "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "repeats": args.repeats, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
@@ -315,6 +482,18 @@ def phase_table(results: list[dict]) -> str:
             continue
         lines.append(f"{m:<28}" + "".join(
             f"{p[m]:>13.2f}" if m in p else f"{'-':>13}" for _, _, p in columns))
+    return "\n".join(lines)
+
+
+def cpu_table(results: list[dict]) -> str:
+    """One column per host count and variant, one row per kind of process (median CPU s)."""
+    columns = [(r["hosts"], v, r.get(f"{v}_cpu", {}), r.get(f"{v}_cpu_total"))
+               for r in results for v in VARIANTS]
+    lines = [f"{'CPU (s) by kind':<28}" + "".join(f"{f'{h} {v}':>13}" for h, v, _, _ in columns)]
+    for kind in CPU_ROWS:
+        lines.append(f"{kind:<28}" + "".join(f"{c.get(kind, 0.0):>13.2f}"
+                                             for _, _, c, _ in columns))
+    lines.append(f"{'total':<28}" + "".join(f"{t or 0.0:>13.2f}" for _, _, _, t in columns))
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ run hangs, to describe them. Prints JSON.
     python launch_node/node_probe.py dump RUN_DIR --stamp STAMP [--node NODE] [--timeout 10]
     python launch_node/node_probe.py kill --stamp STAMP PID...
     python launch_node/node_probe.py reap --stamp STAMP [--node NODE]
+    python launch_node/node_probe.py watch RUN_DIR --stamp STAMP [--node NODE]
 
 `heartbeats`: every rank's heartbeat file (launch_node/heartbeat.py) in the node's folder.
 `activity`: the heartbeats, and every process of this run on the node (its environment
@@ -26,6 +27,9 @@ On NCCL ranks it also asks the flight recorder for a dump (TORCH_NCCL_DEBUG_INFO
 torchrun then restarts the node's workers, the way it does when one dies.
 `reap`: SIGKILL to every process of this run still on the node, once its agents are gone (a
 job's child that moved to a session of its own, out of reach of the agent's process group).
+`watch`: `heartbeats` or `activity` for every such line on stdin, one JSON line each, until
+stdin ends: the hang watch's looks over one SSH channel kept for the run, each a line instead
+of an interpreter started (launcher/backends/ssh/watcher.py).
 `--node`: only the processes of that launch node (LAUNCH_NODE in their environment): nodes that
 share a machine's processes (local nodes, lab hosts in network namespaces) are told apart.
 
@@ -37,12 +41,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,14 @@ def process_state(pid: int) -> tuple[str | None, str | None]:
     return state, (None if wchan == "0" else wchan)
 
 
+# shutil, subprocess and concurrent.futures are imported where a dump uses them: `watch`, started
+# on every node of every SSH run, needs none of them (half of its interpreter's start, ~30 ms
+# of CPU).
+
+
 def find_py_spy() -> str | None:
+    import shutil
+
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
@@ -103,6 +111,8 @@ def find_py_spy() -> str | None:
 
 def py_spy_dump(pid: int, timeout: float) -> tuple[str | None, str | None]:
     """(stack text, error)."""
+    import subprocess
+
     exe = find_py_spy()
     if exe is None:
         return None, "py-spy is not installed next to the node's Python nor on PATH"
@@ -288,6 +298,8 @@ def rank_processes(run_dir: Path, stamp: str, node: str | None = None) -> list[d
 
 def dump(run_dir: str | Path, stamp: str, timeout: float = 10.0,
          node: str | None = None) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
     run_dir = Path(run_dir)
     beats = rank_processes(run_dir, stamp, node)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(beats)))) as pool:
@@ -313,6 +325,22 @@ def reap(stamp: str, node: str | None = None) -> dict[str, Any]:
     return kill([p["pid"] for p in run_processes(stamp, node)], stamp)
 
 
+def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
+    while line := sys.stdin.readline():
+        what = line.strip()
+        if what == "heartbeats":
+            answer: Any = read_heartbeats(run_dir)
+        elif what == "activity":
+            answer = activity(run_dir, stamp, node)
+        else:
+            print(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, activity)",
+                  file=sys.stderr)
+            return 2
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -333,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("reap")
     rp.add_argument("--stamp", required=True)
     rp.add_argument("--node")
+    wp = sub.add_parser("watch")
+    wp.add_argument("run_dir")
+    wp.add_argument("--stamp", required=True)
+    wp.add_argument("--node")
     args = p.parse_args(argv)
     if args.what == "heartbeats":
         print(json.dumps(read_heartbeats(args.run_dir)))
@@ -342,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(dump(args.run_dir, args.stamp, args.timeout, args.node)))
     elif args.what == "reap":
         print(json.dumps(reap(args.stamp, args.node)))
+    elif args.what == "watch":
+        return watch(args.run_dir, args.stamp, args.node)
     else:
         print(json.dumps(kill(args.pids, args.stamp)))
     return 0

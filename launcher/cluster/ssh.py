@@ -418,24 +418,44 @@ def run_with_input(conn: Connection, command: str, data: bytes, *, timeout: floa
     (exit status, stdout and stderr together). invoke's run() feeds a stdin stream to the
     channel a byte at a time. Output past `limit` bytes ends the command (status -1): a node
     cannot grow launch's memory without bound."""
-    conn.open()
-    channel = conn.client.get_transport().open_session()
-    try:
-        channel.settimeout(timeout)
-        channel.set_combine_stderr(True)
-        channel.exec_command(command)
+    return Started(conn, command).finish(data, timeout=timeout, limit=limit)
+
+
+class Started:
+    """A command started on the open connection, its stdin given later (`finish`): it runs
+    while launch does something else first."""
+
+    def __init__(self, conn: Connection, command: str):
+        conn.open()
+        self.channel = conn.client.get_transport().open_session()
         try:
-            channel.sendall(data)
-            channel.shutdown_write()
-        except OSError:
-            pass   # it ended without reading its input: its output and status say why
-        chunks, size = [], 0
-        while chunk := channel.recv(1 << 16):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                text = b"".join(chunks)[:limit].decode(errors="replace")
-                return -1, f"{text}\n(output over {limit >> 20} MB: cut, command ended)"
-        return channel.recv_exit_status(), b"".join(chunks).decode(errors="replace")
-    finally:
-        channel.close()
+            self.channel.set_combine_stderr(True)
+            self.channel.exec_command(command)
+        except BaseException:
+            self.channel.close()
+            raise
+
+    def finish(self, data: bytes, *, timeout: float, limit: int = 4 << 20) -> tuple[int, str]:
+        """As run_with_input, for the command started."""
+        channel = self.channel
+        try:
+            channel.settimeout(timeout)
+            try:
+                channel.sendall(data)
+                channel.shutdown_write()
+            except OSError:
+                pass   # it ended without reading its input: its output and status say why
+            chunks, size = [], 0
+            while chunk := channel.recv(1 << 16):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    text = b"".join(chunks)[:limit].decode(errors="replace")
+                    return -1, f"{text}\n(output over {limit >> 20} MB: cut, command ended)"
+            return channel.recv_exit_status(), b"".join(chunks).decode(errors="replace")
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        """Never finished: its stdin ends with the channel."""
+        self.channel.close()

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from launcher.backends.ssh.preflight import probe
+from launcher.backends.ssh.preflight import NodeProbe
 from launcher.cluster.inventory import load_inventory
 from launcher.cluster.ssh import HostProblem, SshOptions, connect, remote, run_with_input
 
@@ -36,7 +36,7 @@ def test_a_probe_line_that_is_not_a_json_object_names_the_host(lab, tmp_path):
     conn = connect(node, SshOptions())
     try:
         with pytest.raises(HostProblem, match="not a JSON object") as err:
-            probe(conn, dataclasses.replace(node, python=str(fake)), 0)
+            NodeProbe(conn, dataclasses.replace(node, python=str(fake)), 0).facts()
         assert err.value.host == node.name
     finally:
         conn.close()

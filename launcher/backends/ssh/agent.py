@@ -9,12 +9,14 @@ import posixpath
 import queue
 import signal as signals
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from fabric import Connection
 
+from launcher.backends.ssh.watcher import NodeWatcher
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import SshOptions, connect, remote
 from launcher.core import safefile
@@ -81,6 +83,10 @@ class SshNodeProcess:
         self.promise = None
         self.exit_code: int | None = None
         self._reconnected: list[Connection] = []
+        # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): opened at the
+        # first, again after a failed one.
+        self._watcher: NodeWatcher | None = None
+        self._watcher_lock = threading.Lock()
         # Restarts of the run before this start of the node (launch restarted it): added to
         # the plan's LAUNCH_ATTEMPT.
         self.attempt_offset = 0
@@ -167,23 +173,45 @@ class SshNodeProcess:
                 continue
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
-    def _probe(self, *args: str, timeout: float) -> Any:
+    def _probe_line(self, *args: str) -> str:
         """launch_node/node_probe.py on the node, with the node's Python, in the node's folder."""
-        line = remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
+        return remote("sh", "-c", 'cd "$1" && shift && exec "$@"', "launch-probe",
                       self.command.cwd or ".", *self.command.probe, *args)
-        result = self.connection().run(line, hide=True, warn=True, in_stream=False,
-                                        timeout=timeout)
+
+    def _probe(self, *args: str, timeout: float) -> Any:
+        result = self.connection().run(self._probe_line(*args), hide=True, warn=True,
+                                        in_stream=False, timeout=timeout)
         if result.exited != 0:
             raise LauncherError(f"node probe on {self.node.address} exited {result.exited}: "
                                 f"{result.stderr.strip()[-300:]}")
         return json.loads(result.stdout)
 
+    def _look(self, what: str) -> Any:
+        with self._watcher_lock:
+            if self._watcher is not None and not self._watcher.alive():
+                self._close_watcher()
+            if self._watcher is None:
+                self._watcher = NodeWatcher(
+                    self.connection(), self._probe_line("watch", self.command.run_dir,
+                                                        "--stamp", self.stamp,
+                                                        "--node", self.name),
+                    self.node.address)
+            try:
+                return self._watcher.ask(what, timeout=15)
+            except Exception:
+                self._close_watcher()
+                raise
+
+    def _close_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
     def heartbeats(self) -> list[dict[str, Any]]:
-        return self._probe("heartbeats", self.command.run_dir, timeout=15)
+        return self._look("heartbeats")
 
     def activity(self) -> dict[str, Any]:
-        return self._probe("activity", self.command.run_dir, "--stamp", self.stamp,
-                           "--node", self.name, timeout=15)
+        return self._look("activity")
 
     def dump_ranks(self, timeout: float) -> dict[str, Any]:
         return self._probe("dump", self.command.run_dir, "--stamp", self.stamp, "--timeout",
@@ -197,7 +225,10 @@ class SshNodeProcess:
         return self._probe("reap", "--stamp", self.stamp, "--node", self.name, timeout=30)
 
     def close(self) -> None:
-        """Connections this process opened again (the original belongs to the backend)."""
+        """The node watcher, and connections this process opened again (the original belongs
+        to the backend)."""
+        with self._watcher_lock:
+            self._close_watcher()
         for conn in self._reconnected:
             conn.close()
         self._reconnected = []
