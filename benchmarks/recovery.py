@@ -15,6 +15,11 @@
                  as a share of the median step time. The end-to-end time per step of every
                  variant is shown beside it: on a shared machine it moves by more than the
                  checkpoints cost, so the share measured in the trainer is the figure to use.
+                 Beside the blocking time's parts (the exchange, the copy at the save, the wait
+                 at the next optimizer.step) and the writer thread's (the deferred copy, the
+                 write), the whole cost within each run: the keeper's steps the writer
+                 overlapped, the save included, against its other steps (on a machine without
+                 a spare core the writer's CPU time comes out of training).
 
     machine-loss the head host (host0) taken away as a machine goes (its link cut first, then
                  everything on it, its disk too) once it has trained past step K, with the
