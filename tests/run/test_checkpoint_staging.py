@@ -1,6 +1,8 @@
 """The asynchronous checkpoint's CPU copy reuses the previous copy's memory: what the writer
 gets must still be a snapshot of the state at the save (never the live tensors, never the
-previous save's values), whatever changed shape in between."""
+previous save's values), whatever changed shape in between, and also when the copy of the
+optimizer's tensors is left to the writer thread (train/staging.py). The writer thread
+outlives a save that fails."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 
 import torch
 
+from launch_node import checkpoint_files as files
+from train.checkpoint import Stats, Writer
 from train.staging import Staging, cpu_copy
 
 
@@ -160,3 +164,25 @@ def test_the_second_save_reuses_the_first_ones_memory_and_holds_its_own_values()
     deferred.run()
     assert second["model"]["layer.weight"].data_ptr() == weight
     assert _equal(second, at_save)
+
+
+# ---- the writer thread -------------------------------------------------------------------
+
+
+def test_a_save_that_fails_in_the_writer_thread_is_reported_and_the_next_one_is_written(
+        tmp_path, capsys):
+    stats = Stats()
+    writer = Writer(tmp_path, keep=2, asynchronous=True, stats=stats)
+
+    def broken():
+        raise RuntimeError("the copy failed")
+
+    writer.submit({"w": torch.ones(2)}, {"step": 10}, broken)
+    writer.wait()
+    assert stats.failures == ["checkpoint at step 10 not written: the copy failed"]
+    assert "RuntimeError: the copy failed" in capsys.readouterr().err
+    writer.submit({"w": torch.ones(2)}, {"step": 20})
+    writer.wait()
+    assert [c.step for c in files.complete(tmp_path)] == [20]
+    assert torch.equal(torch.load(files.latest(tmp_path).state, weights_only=True)["w"],
+                       torch.ones(2))
