@@ -15,6 +15,11 @@
                  as a share of the median step time. The end-to-end time per step of every
                  variant is shown beside it: on a shared machine it moves by more than the
                  checkpoints cost, so the share measured in the trainer is the figure to use.
+                 Beside the blocking time's parts (the exchange, the copy at the save, the wait
+                 at the next optimizer.step) and the writer thread's (the deferred copy, the
+                 write), the whole cost within each run: the keeper's steps the writer
+                 overlapped, the save included, against its other steps (on a machine without
+                 a spare core the writer's CPU time comes out of training).
 
     machine-loss the head host (host0) taken away as a machine goes (its link cut first, then
                  everything on it, its disk too) once it has trained past step K, with the
@@ -225,8 +230,19 @@ def cost_row(lab: Lab, name: str, steps: int, checkpoint: dict | None, runs: Pat
         "blocking_s_per_save": stats["blocking_s_per_save"] if stats else None,
         "exchange_s_per_save": stats["exchange_s_per_save"] if stats else None,
         "copy_s_per_save": stats["copy_s_per_save"] if stats else None,
+        "fence_s_per_save": stats["fence_s_per_save"] if stats else None,
+        "deferred_copy_s_per_save": stats["deferred_copy_s_per_save"] if stats else None,
         "write_s_per_save": stats["write_s_per_save"] if stats else None,
         "cost_per_step_pct": round(100.0 * blocking / (result["steps"] * step_s), 3),
+        # Within the run: the steps the writer thread overlapped against the others (each
+        # from one step's end to the next on the keeper, the save included).
+        "steps_while_writing": stats["steps_while_writing"] if stats else 0,
+        "step_s_while_writing": stats["step_s_while_writing"] if stats else None,
+        "step_s_otherwise": stats["step_s_otherwise"] if stats else None,
+        "whole_cost_s_per_save": stats["cost_s_per_save"] if stats else None,
+        "whole_cost_per_step_pct": round(
+            100.0 * stats["cost_s_per_save"] * stats["saves"]
+            / (result["steps"] * stats["step_s_otherwise"]), 3) if stats else 0.0,
     }
 
 
@@ -414,6 +430,29 @@ def cost_table(cost: list[dict]) -> list[str]:
                      f"{c['blocking_s_per_save'] or 0:>15.4f} {c['write_s_per_save'] or 0:>12.4f} "
                      f"{c['median_step_s']:>13.4f} {c['wall_per_step_s']:>11.4f} "
                      f"{c['cost_per_step_pct']:>8.2f}%")
+    saving = [c for c in cost if c["saves"]]
+    if saving and all(c.get("fence_s_per_save") is not None for c in saving):
+        lines += ["", "a save's blocking time (ms; the ranks' exchange, the copy at the save "
+                      "with the wait for the previous write, the wait at the next "
+                      "optimizer.step) and the writer thread's (ms)",
+                  f"{'variant':<15} {'exchange':>8} {'copy':>6} {'fence':>6} "
+                  f"{'= blocking':>10} {'deferred copy':>13} {'write':>7}"]
+        for c in saving:
+            lines.append(f"{c['variant']:<15} {1e3 * c['exchange_s_per_save']:>8.2f} "
+                         f"{1e3 * c['copy_s_per_save']:>6.2f} {1e3 * c['fence_s_per_save']:>6.2f} "
+                         f"{1e3 * c['blocking_s_per_save']:>10.2f} "
+                         f"{1e3 * c['deferred_copy_s_per_save']:>13.2f} "
+                         f"{1e3 * c['write_s_per_save']:>7.2f}")
+        lines += ["", "within each run, the keeper's steps the writer overlapped (the save "
+                      "included) against its other steps: the whole cost, the writer's CPU "
+                      "time taken from training included",
+                  f"{'variant':<15} {'steps':>5} {'their median s':>14} {'others s':>9} "
+                  f"{'cost s/save':>11} {'whole cost/step':>15}"]
+        for c in saving:
+            lines.append(f"{c['variant']:<15} {c['steps_while_writing']:>5} "
+                         f"{c['step_s_while_writing']:>14.4f} {c['step_s_otherwise']:>9.4f} "
+                         f"{c['whole_cost_s_per_save']:>11.4f} "
+                         f"{c['whole_cost_per_step_pct']:>14.2f}%")
     return lines
 
 

@@ -11,9 +11,11 @@ scaler to save: precisions are fp32 and bf16, and bf16 needs no loss scaling.
 Who writes: one rank, the *keeper*: local rank 0 of the head node (LAUNCH_CHECKPOINT_NODE),
 so that checkpoints live in the head's run folder (runs/<id>/<head>/checkpoints/) whichever
 rank the rendezvous numbered 0 (c10d orders nodes by address and agent pid, so rank 0 moves
-when an agent restarts). Every rank sends the keeper its own part (RNG, residuals); the keeper
-copies the rest to CPU, and a thread writes the file (launch_node/checkpoint_files.py: temp file,
-fsync, rename) while training goes on. The other ranks never wait on the keeper's disk.
+when an agent restarts). Every rank sends the keeper its own part (RNG, residuals) in one
+collective (train/rank_parts.py); the keeper copies the rest to CPU, the optimizer's tensors
+while the next step runs (train/staging.py), and a thread writes the file
+(launch_node/checkpoint_files.py: temp file, fsync, rename) while training goes on. The other
+ranks never wait on the keeper's disk.
 
 Who reads: the keeper alone (only the head's disk needs the file); it sends the shared state to
 every rank and each rank its own part.
@@ -21,11 +23,16 @@ every rank and each rank its own part.
 
 from __future__ import annotations
 
+import math
 import os
+import queue
 import random
 import signal
+import statistics
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,8 @@ from launch_node import checkpoint_files as files
 from launch_node.spot import INTERRUPTIBLE_ENV, LAST_CHANCE
 from train.ddp import hook_checkpoint, rebuild_buckets_first, restore_hook
 from train.options import OPTIONS, RESUME_KEYS, resume_signature
+from train.rank_parts import Packed, PartGather, unpack
+from train.staging import Staging
 
 KEEPER_ENV = "LAUNCH_CHECKPOINT_NODE"
 
@@ -73,26 +82,6 @@ def signature_problems(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 # ---- state pieces ------------------------------------------------------------------------
 
 
-def _cpu_copy(obj: Any, into: Any = None) -> Any:
-    """Tensors copied to CPU (training goes on changing the originals in place), into the
-    tensors at the same place in `into` (a previous copy no one reads any more) where shape
-    and dtype match: fresh memory costs a page fault per page, which was half of the copy's
-    time (64 MB: 10.4 ms a save, benchmarks/recovery.py)."""
-    if isinstance(obj, torch.Tensor):
-        if isinstance(into, torch.Tensor) and into.device.type == "cpu" and \
-                into.shape == obj.shape and into.dtype == obj.dtype:
-            return into.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        into = into if isinstance(into, dict) else {}
-        return {k: _cpu_copy(v, into.get(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        into = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else \
-            [None] * len(obj)
-        return type(obj)(_cpu_copy(v, old) for v, old in zip(obj, into))
-    return obj
-
-
 def rng_state(device: torch.device) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -125,60 +114,120 @@ def _python_rng_from_lists(value: Any) -> Any:
 @dataclass
 class Stats:
     """Where checkpointing time goes, on the keeper: `blocking_s` holds up training (the
-    ranks' exchange, the CPU copy, waiting for the previous write; with synchronous writes the
-    write too), `write_s` is the writer thread's."""
+    ranks' exchange, waiting for the previous write, the part of the CPU copy made at the save,
+    waiting at the next optimizer.step for the rest; with synchronous writes all of the copy and
+    the write too), `deferred_copy_s` and `write_s` are the writer thread's. A writer thread
+    takes CPU time that training would have had, which blocking_s does not show: each step's
+    time (from one step's end to the next, the save included) is kept apart for steps the
+    writer overlapped, and what those took beyond the other steps' median is the save's whole
+    cost in this run."""
 
     saves: int = 0
     blocking_s: float = 0.0
     exchange_s: float = 0.0     # the ranks' parts gathered (a collective)
-    copy_s: float = 0.0         # the model and optimizer copied to CPU
+    copy_s: float = 0.0         # the previous write waited for, the copy made at the save
+    deferred_copy_s: float = 0.0  # the optimizer's tensors copied while training goes on
+    fence_s: float = 0.0        # training waited for that copy (in blocking_s)
     write_s: float = 0.0
     waited_s: float = 0.0
     last_bytes: int = 0
     failures: list[str] = field(default_factory=list)
     last_chance_steps: list[int] = field(default_factory=list)  # saved on a notice
+    steps_writing: list[float] = field(default_factory=list)   # seconds of each step the
+    steps_clear: list[float] = field(default_factory=list)     # writer overlapped, the others
 
     def to_json(self) -> dict[str, Any]:
+        clear = statistics.median(self.steps_clear) if self.steps_clear else None
+        writing = statistics.median(self.steps_writing) if self.steps_writing else None
+        overlap_cost = None if clear is None or not self.saves else \
+            sum(s - clear for s in self.steps_writing) / self.saves
         return {"saves": self.saves, "blocking_s": round(self.blocking_s, 6),
                 "blocking_s_per_save": round(self.blocking_s / self.saves, 6)
                 if self.saves else None,
                 "exchange_s_per_save": round(self.exchange_s / self.saves, 6)
                 if self.saves else None,
                 "copy_s_per_save": round(self.copy_s / self.saves, 6) if self.saves else None,
+                "deferred_copy_s_per_save": round(self.deferred_copy_s / self.saves, 6)
+                if self.saves else None,
+                "fence_s_per_save": round(self.fence_s / self.saves, 6) if self.saves else None,
                 "write_s_per_save": round(self.write_s / self.saves, 6) if self.saves else None,
                 "waited_for_previous_s": round(self.waited_s, 6),
                 "bytes": self.last_bytes, "failures": self.failures,
-                "last_chance_steps": self.last_chance_steps}
+                "last_chance_steps": self.last_chance_steps,
+                "steps_while_writing": len(self.steps_writing),
+                "step_s_while_writing": None if writing is None else round(writing, 6),
+                "step_s_otherwise": None if clear is None else round(clear, 6),
+                "cost_s_per_save": None if overlap_cost is None else round(overlap_cost, 6)}
+
+    def fenced(self, seconds: float) -> None:
+        self.fence_s += seconds
+        self.blocking_s += seconds
 
 
 class Writer:
-    """Writes one checkpoint at a time: in a thread (asynchronous) or in the caller."""
+    """Writes one checkpoint at a time: in a thread (asynchronous) or in the caller. The
+    thread lives as long as the writer and waits for work: starting one per save made the
+    save wait until the new thread got a core (up to ~5 ms on the busy lab)."""
 
     def __init__(self, folder: Path, keep: int, asynchronous: bool, stats: Stats):
         self.folder, self.keep, self.asynchronous, self.stats = folder, keep, asynchronous, stats
         self._thread: threading.Thread | None = None
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self.busy: tuple[float, float] | None = None   # the last write's start and end
 
-    def submit(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    def submit(self, state: dict[str, Any], meta: dict[str, Any],
+               prepare: Callable[[], None] = lambda: None) -> None:
+        """`prepare` finishes `state` (in the writer's thread when asynchronous)."""
         self.wait()
-        if self.asynchronous:
-            self._thread = threading.Thread(target=self._write, args=(state, meta),
-                                            name="checkpoint-writer", daemon=True)
+        self.busy = (time.perf_counter(), math.inf)
+        if not self.asynchronous:
+            self._write(state, meta, prepare)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="checkpoint-writer",
+                                            daemon=True)
             self._thread.start()
-        else:
-            self._write(state, meta)
+        self._idle.clear()
+        self._work.put((state, meta, prepare))
 
     def wait(self) -> float:
-        if self._thread is None:
+        if self._idle.is_set():
             return 0.0
         t0 = time.perf_counter()
-        self._thread.join()
-        self._thread = None
+        self._idle.wait()
         waited = time.perf_counter() - t0
         self.stats.waited_s += waited
         return waited
 
-    def _write(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        t0 = time.perf_counter()
+    def _serve(self) -> None:
+        while True:
+            state, meta, prepare = self._work.get()
+            try:
+                self._write(state, meta, prepare)
+            except Exception as err:  # noqa: BLE001 (the checkpoint is lost, not the run)
+                traceback.print_exc()
+                self._failed(meta, err)
+            finally:
+                self._idle.set()
+
+    def _failed(self, meta: dict[str, Any], err: Exception) -> None:
+        message = f"checkpoint at step {meta['step']} not written: {err}"
+        self.stats.failures.append(message)
+        print(message, flush=True)
+
+    def _write(self, state: dict[str, Any], meta: dict[str, Any],
+               prepare: Callable[[], None]) -> None:
+        try:
+            prepare()
+            t0 = time.perf_counter()
+            self._write_files(state, meta)
+            self.stats.write_s += time.perf_counter() - t0
+        finally:
+            self.busy = (self.busy[0], time.perf_counter())
+
+    def _write_files(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
         name = files.stem(meta["step"])
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -189,10 +238,7 @@ class Writer:
             files.prune(self.folder, self.keep)
             self.stats.last_bytes = size
         except OSError as err:  # a full disk costs the checkpoint, not the run
-            message = f"checkpoint at step {meta['step']} not written: {err}"
-            self.stats.failures.append(message)
-            print(message, flush=True)
-        self.stats.write_s += time.perf_counter() - t0
+            self._failed(meta, err)
 
 
 class Checkpointer:
@@ -209,7 +255,9 @@ class Checkpointer:
         self.writer = Writer(self.folder, policy.keep, policy.asynchronous, self.stats) \
             if self.is_keeper else None
         self._last_save_at = time.monotonic()
-        self._staged: dict[str, Any] | None = None   # the last state copied, its tensors reused
+        self._step_ended_at: float | None = None
+        self.parts = PartGather(self.keeper, rank, world, device)
+        self.staging = Staging(self.stats.fenced) if self.is_keeper else None
         self.interruptible = os.environ.get(INTERRUPTIBLE_ENV) == "1"
         self._notice = False
         if policy.enabled and threading.current_thread() is threading.main_thread():
@@ -235,6 +283,9 @@ class Checkpointer:
 
     # ---- saving ---------------------------------------------------------------------------
     def due(self, step: int) -> bool:
+        """Whether to save after `step`; called after every step."""
+        if self.is_keeper:
+            self._clock()
         scheduled = self.policy.every_steps is not None and step % self.policy.every_steps == 0
         if self.policy.every_minutes is None and not self.interruptible:
             return scheduled
@@ -254,37 +305,47 @@ class Checkpointer:
                       "notice", flush=True)
         return scheduled or flag.item() > 0
 
+    def _clock(self) -> None:
+        """The step that just ended, from the previous one's end: with the writer or not."""
+        now = time.perf_counter()
+        if self._step_ended_at is not None:
+            busy = self.writer.busy
+            writing = busy is not None and busy[0] < now and busy[1] > self._step_ended_at
+            (self.stats.steps_writing if writing else self.stats.steps_clear).append(
+                now - self._step_ended_at)
+        self._step_ended_at = now
+
     def save(self, run) -> None:
         """At step run.step: every rank sends its part; the keeper copies and hands the
         state to the writer."""
         t0 = time.perf_counter()
         hook_shared, hook_mine = hook_checkpoint(run.hook_state)
         mine = {"rank": self.rank, "rng": rng_state(self.device), "hook": hook_mine}
-        parts: list | None = [None] * self.world if self.is_keeper else None
-        dist.gather_object(mine, parts, dst=self.keeper)
+        parts = self.parts.gather(mine)
         self._last_save_at = time.monotonic()
         if not self.is_keeper:
             return
         t1 = time.perf_counter()
         # The previous state's tensors are written to again: its write must have ended.
         self.writer.wait()
-        previous = self._staged or {}
         meta = {
             "format": files.FORMAT, "step": run.step, "epoch": run.epoch,
             "offset": run.step - run.epoch * run.steps_per_epoch, "total": run.total,
             "signature": self.signature, "written_at": time.time(),
         }
+        staged, deferred = self.staging.take(run.ddp.module, run.optimizer)
         state = {
-            "meta": meta,
-            "model": _cpu_copy(run.ddp.module.state_dict(), previous.get("model")),
-            "optimizer": _cpu_copy(run.optimizer.state_dict(), previous.get("optimizer")),
-            "hook": hook_shared,
+            "meta": meta, **staged, "hook": hook_shared,
             "auto": run.auto.state_dict() if run.auto is not None else None,
             "ranks": parts,
         }
-        self._staged = state
+
+        def prepare() -> None:
+            self.stats.deferred_copy_s += deferred.run()
+            state["ranks"] = [unpack(p) if isinstance(p, Packed) else p for p in parts]
+
         t2 = time.perf_counter()
-        self.writer.submit(state, meta)
+        self.writer.submit(state, meta, prepare)
         self.stats.saves += 1
         self.stats.exchange_s += t1 - t0
         self.stats.copy_s += t2 - t1
