@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import labs
 from tests.labs import (capped_lab, lab, lab3, module_capped_lab,  # noqa: F401 (fixtures)
@@ -36,7 +37,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 LAB_FIXTURES = labs.LAB_FIXTURES | {"lab_ready"}   # lab_ready: tests/setup's node
 SLOW_FIXTURES = LAB_FIXTURES | {
     "run_launch", "background_launch", "demo_local_run", "installed", "browser", "ddp_tuning",
-    "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one"}
+    "moto_url", "launch_setup", "root_tarball", "wheelhouse", "vendor_site", "world_of_one",
+    "short_demo"}
 
 
 # Where a test runs when the suite is spread over processes (pytest-xdist, `--dist loadgroup`,
@@ -106,29 +108,51 @@ def launch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
-@pytest.fixture(scope="session")
-def demo_local_run(tmp_path_factory):
-    """The README's demo, run once on this machine: (CompletedProcess, run folder). Shared by
-    the tests that read it (the local run's, the report page's, the live view's, and the SSH and
-    Slurm tests that must reach the same accuracy), once per suite even when the suite is spread
-    over processes: the first that needs it runs it, the others wait for it and read it."""
+def _local_run_once(tmp_path_factory, name: str, argv: list[str],
+                    recipe: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """`launch run ARGV --run-id NAME` on this machine once per suite, even when the suite is
+    spread over processes: the first that needs it runs it, the others wait for it and read
+    its answer. `recipe`: written to NAME.yml in its folder first. (CompletedProcess, run
+    folder)."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent   # the folder every worker's own temporary folder is in
-    cwd, answer = shared / "demo-local", shared / "demo-local.json"
-    with open(shared / "demo-local.lock", "w") as lock:
+    cwd, answer = shared / f"{name}-local", shared / f"{name}-local.json"
+    with open(shared / f"{name}-local.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not answer.exists():
             cwd.mkdir(exist_ok=True)
-            # As the README types it: no --local (the default without an inventory), a bundled
-            # name.
+            if recipe is not None:
+                (cwd / f"{name}.yml").write_text(yaml.safe_dump(recipe))
             proc = subprocess.run(
-                launch_cmd("run", "--nodes", "2", "vit-tiny-local", "--run-id", "demo"),
+                launch_cmd("run", *argv, "--run-id", name),
                 cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
             )
             answer.write_text(json.dumps([proc.args, proc.returncode, proc.stdout, proc.stderr]))
         args, code, out, err = json.loads(answer.read_text())
-    return subprocess.CompletedProcess(args, code, out, err), cwd / "runs" / "demo"
+    return subprocess.CompletedProcess(args, code, out, err), cwd / "runs" / name
+
+
+@pytest.fixture(scope="session")
+def demo_local_run(tmp_path_factory):
+    """The README's demo, run once on this machine: (CompletedProcess, run folder). Shared by
+    the tests that read it (the local run's, the report page's, the live view's)."""
+    # As the README types it: no --local (the default without an inventory), a bundled name.
+    return _local_run_once(tmp_path_factory, "demo", ["--nodes", "2", "vit-tiny-local"])
+
+
+@pytest.fixture(scope="session")
+def short_demo(tmp_path_factory):
+    """The demo's recipe trained for 2 epochs (44 steps) instead of 15, run once on this
+    machine: (recipe file, CompletedProcess, run folder). The SSH and Slurm tests run the same
+    file on their nodes and must end with the same model: the transport changes nothing the
+    trainer computes. (The 15 epochs' accuracy is the local demo test's to check; run over a
+    lab, they cost a minute and a half of both cores each.)"""
+    recipe = yaml.safe_load((REPO / "recipes" / "vit-tiny-local.yml").read_text())
+    recipe["train"]["epochs"] = 2
+    proc, run = _local_run_once(tmp_path_factory, "short-demo",
+                                ["--nodes", "2", "short-demo.yml"], recipe)
+    return run.parent.parent / "short-demo.yml", proc, run
 
 
 @pytest.fixture
