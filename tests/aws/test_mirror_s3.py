@@ -116,7 +116,10 @@ def test_a_run_resumes_from_s3_after_its_heads_folder_is_deleted(s3, tmp_path):
         run.kill()
     before = json.loads((run_dir / "summary.json").read_text())
     assert before["status"] == "interrupted"
-    assert before["mirror"]["units"] >= 2 and before["mirror"]["failures"] == []
+    # At least the checkpoint that was found there (step 20 or later). Not necessarily step 10
+    # too: with keep 1, a mirror pass that comes round after the next save finds only that one
+    # in the head's folder, and uploads what the head keeps (seen on a loaded machine).
+    assert before["mirror"]["units"] >= 1 and before["mirror"]["failures"] == []
     newest = mirrored_step()
     shutil.rmtree(run_dir / "node0")
 
