@@ -32,6 +32,7 @@ import statistics
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,9 @@ def _python_rng_from_lists(value: Any) -> Any:
     return version, tuple(internal), gauss
 
 
+STEP_SAMPLE = 4096
+
+
 @dataclass
 class Stats:
     """Where checkpointing time goes, on the keeper: `blocking_s` holds up training (the
@@ -133,14 +137,27 @@ class Stats:
     last_bytes: int = 0
     failures: list[str] = field(default_factory=list)
     last_chance_steps: list[int] = field(default_factory=list)  # saved on a notice
-    steps_writing: list[float] = field(default_factory=list)   # seconds of each step the
-    steps_clear: list[float] = field(default_factory=list)     # writer overlapped, the others
+    # Seconds of the last STEP_SAMPLE steps the writer overlapped, and of the others (their
+    # medians); every overlapped step's count and sum. Bounded: the keeper times every step of
+    # runs that may take millions.
+    steps_writing: deque = field(default_factory=lambda: deque(maxlen=STEP_SAMPLE))
+    steps_clear: deque = field(default_factory=lambda: deque(maxlen=STEP_SAMPLE))
+    writing_count: int = 0
+    writing_sum_s: float = 0.0
+
+    def step_timed(self, seconds: float, writing: bool) -> None:
+        if writing:
+            self.steps_writing.append(seconds)
+            self.writing_count += 1
+            self.writing_sum_s += seconds
+        else:
+            self.steps_clear.append(seconds)
 
     def to_json(self) -> dict[str, Any]:
         clear = statistics.median(self.steps_clear) if self.steps_clear else None
         writing = statistics.median(self.steps_writing) if self.steps_writing else None
         overlap_cost = None if clear is None or not self.saves else \
-            sum(s - clear for s in self.steps_writing) / self.saves
+            (self.writing_sum_s - self.writing_count * clear) / self.saves
         return {"saves": self.saves, "blocking_s": round(self.blocking_s, 6),
                 "blocking_s_per_save": round(self.blocking_s / self.saves, 6)
                 if self.saves else None,
@@ -154,7 +171,7 @@ class Stats:
                 "waited_for_previous_s": round(self.waited_s, 6),
                 "bytes": self.last_bytes, "failures": self.failures,
                 "last_chance_steps": self.last_chance_steps,
-                "steps_while_writing": len(self.steps_writing),
+                "steps_while_writing": self.writing_count,
                 "step_s_while_writing": None if writing is None else round(writing, 6),
                 "step_s_otherwise": None if clear is None else round(clear, 6),
                 "cost_s_per_save": None if overlap_cost is None else round(overlap_cost, 6)}
@@ -311,8 +328,7 @@ class Checkpointer:
         if self._step_ended_at is not None:
             busy = self.writer.busy
             writing = busy is not None and busy[0] < now and busy[1] > self._step_ended_at
-            (self.stats.steps_writing if writing else self.stats.steps_clear).append(
-                now - self._step_ended_at)
+            self.stats.step_timed(now - self._step_ended_at, writing)
         self._step_ended_at = now
 
     def save(self, run) -> None:

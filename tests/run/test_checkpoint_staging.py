@@ -2,7 +2,7 @@
 gets must still be a snapshot of the state at the save (never the live tensors, never the
 previous save's values), whatever changed shape in between, and also when the copy of the
 optimizer's tensors is left to the writer thread (train/staging.py). The writer thread
-outlives a save that fails."""
+outlives a save that fails, and the step times it keeps stay bounded."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import copy
 import threading
 import time
 
+import pytest
 import torch
 
 from launch_node import checkpoint_files as files
-from train.checkpoint import Stats, Writer
+from train.checkpoint import STEP_SAMPLE, Stats, Writer
 from train.staging import Staging, cpu_copy
 
 
@@ -186,3 +187,18 @@ def test_a_save_that_fails_in_the_writer_thread_is_reported_and_the_next_one_is_
     assert [c.step for c in files.complete(tmp_path)] == [20]
     assert torch.equal(torch.load(files.latest(tmp_path).state, weights_only=True)["w"],
                        torch.ones(2))
+
+
+def test_the_step_times_kept_stay_bounded_and_the_whole_cost_counts_every_step():
+    """The keeper times every step; a run of millions must not grow its memory with them. The
+    medians come from the last STEP_SAMPLE steps, the whole cost from every overlapped step."""
+    stats = Stats(saves=2)
+    for _ in range(STEP_SAMPLE * 3):
+        stats.step_timed(0.1, writing=False)
+    for _ in range(STEP_SAMPLE + 10):   # every overlapped step 0.05 s slower
+        stats.step_timed(0.15, writing=True)
+    assert len(stats.steps_clear) == len(stats.steps_writing) == STEP_SAMPLE
+    out = stats.to_json()
+    assert out["steps_while_writing"] == STEP_SAMPLE + 10
+    assert out["step_s_otherwise"] == 0.1 and out["step_s_while_writing"] == 0.15
+    assert out["cost_s_per_save"] == pytest.approx(0.05 * (STEP_SAMPLE + 10) / 2)
