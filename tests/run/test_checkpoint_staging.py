@@ -120,14 +120,17 @@ def _equal(a, b) -> bool:
 def test_the_next_step_waits_for_the_deferred_copy_which_holds_the_saved_values():
     model, optimizer = _trained()
     at_save = _snapshot(model, optimizer)
-    waits = []
+    waits, writers = [], []
+    # The writer starts its (slow) copy only when the next step begins, before the fence
+    # (hooks run in the order they were registered): the step always meets an unfinished copy,
+    # however long forward and backward take on a busy machine.
+    optimizer.register_step_pre_hook(lambda *_: writers.append(_late(deferred)))
     staging = Staging(waits.append)
     state, deferred = staging.take(model, optimizer)
-    writer = _late(deferred)
     optimizer.zero_grad()
     model(torch.randn(8, 4)).pow(2).sum().backward()    # the next step's forward and backward
     optimizer.step()                                    # waits for the copy: the fence
-    writer.join()
+    writers[0].join()
     assert len(waits) == 1 and waits[0] > 0
     assert _equal(state, at_save)
     assert not torch.equal(state["model"]["layer.weight"], model.layer.weight.detach())
