@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,21 +48,22 @@ def tree_state(root: Path) -> dict[str, tuple]:
 
     A directory's mtime is left out: it moves when a program makes and deletes a temporary file
     in it (apt-key does in /etc/apt), and the entries themselves are all compared anyway.
+    find(1) walks the ~60,000 paths of a set-up root in a fifth of a second; os.walk and lstat
+    took a second or more of CPU per look, and the module looks 16 times.
     """
+    prune: list[str] = []
+    for rel in UNTRACKED:
+        prune += ["-path", str(root / rel), "-prune", "-o"]
+    out = subprocess.run(
+        ["find", str(root), "-mindepth", "1", *prune,
+         "-printf", r"%P\0%y\0%m\0%U\0%G\0%s\0%T@\0%l\0"],
+        stdin=subprocess.DEVNULL, capture_output=True, check=True).stdout
+    fields = out.decode("utf-8", "surrogateescape").split("\0")[:-1]
     state: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = [d for d in dirnames
-                       if os.path.normpath(os.path.join(rel_dir, d)) not in UNTRACKED]
-        for name in dirnames + filenames:
-            if os.path.normpath(os.path.join(rel_dir, name)) in UNTRACKED:
-                continue
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
-            mtime = None if stat.S_ISDIR(st.st_mode) else st.st_mtime_ns
-            state[os.path.normpath(os.path.join(rel_dir, name))] = (
-                st.st_mode, st.st_uid, st.st_gid, st.st_size, mtime, target)
+    for i in range(0, len(fields), 8):
+        rel, kind, mode, uid, gid, size, mtime, target = fields[i:i + 8]
+        state[rel] = (kind, int(mode, 8), int(uid), int(gid), int(size),
+                      None if kind == "d" else mtime, target if kind == "l" else None)
     return state
 
 
