@@ -145,12 +145,15 @@ def test_a_load_state_dict_waits_for_the_deferred_copy_too():
         for p in other_model.parameters():
             p.add_(1.0)
     at_save = _snapshot(model, optimizer)
-    staging = Staging(lambda s: None)
+    waits, writers = [], []
+    # As in the step's test: the writer starts when the load begins, before the fence's hook.
+    model.register_load_state_dict_pre_hook(lambda *_: writers.append(_late(deferred)))
+    staging = Staging(waits.append)
     state, deferred = staging.take(model, optimizer)
-    writer = _late(deferred)
     model.load_state_dict(other_model.state_dict())
     optimizer.load_state_dict(other_optimizer.state_dict())
-    writer.join()
+    writers[0].join()
+    assert len(waits) == 1 and waits[0] > 0
     assert _equal(state, at_save)
 
 
