@@ -71,6 +71,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+# Set in a test process where pytest-xdist lost the groups (below).
+_LOST_GROUPS = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session):
+    """Fail every grouped test at once where pytest-xdist lost the groups. xdist marks a grouped
+    test by its node id, and a pytest that changed node ids (9.2 with xdist 3.8:
+    pytest-dev/pytest-xdist#1386) spread every group over both processes without a word: each
+    built every module's lab and the setup node again, the suite took minutes longer and raced
+    itself. (A worker cannot stop the session with a message of its own: xdist only says that
+    its workers went away.)"""
+    if not getattr(session.config.option, "loadgroup", False):   # set in xdist's workers only
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rsplit("]", 1)[-1]]
+    if lost:
+        session.config.stash[_LOST_GROUPS] = (
+            f"pytest-xdist's --dist loadgroup is not grouping tests under pytest "
+            f"{pytest.__version__} ({len(lost)} grouped tests without their group): install the "
+            f"versions pyproject.toml's test extra pins (./scripts/test does), or run with -n 0")
+
+
+@pytest.hookimpl(tryfirst=True)   # before the test's fixtures (a lab) are set up
+def pytest_runtest_setup(item):
+    lost = item.config.stash.get(_LOST_GROUPS, None)
+    if lost and item.get_closest_marker("xdist_group"):
+        pytest.fail(lost, pytrace=False)
+
+
 def pytest_unconfigure(config):
     """The last line: how many tests were skipped and why, so that a run as non-root (whose lab
     tests skip by design) or without a tool says so instead of passing quietly."""
