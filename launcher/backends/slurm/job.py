@@ -167,7 +167,13 @@ class SlurmNodeProcess:
         return json.loads(proc.stdout)
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        return self._probe("heartbeats", str(self.node_dir), timeout=15)
+        # The ranks write them into the node's folder, on the filesystem the nodes share with
+        # launch (it reads their output and exit codes there too): read here, as the probe on
+        # the node would read them, instead of a job step and an interpreter on the node every
+        # look (srun, slurmstepd and node_probe.py: ~55 ms of a core, every 2 s per node).
+        from launch_node.node_probe import read_heartbeats
+
+        return read_heartbeats(self.node_dir)
 
     def activity(self) -> dict[str, Any]:
         return self._probe("activity", str(self.node_dir), "--stamp", self.stamp,
