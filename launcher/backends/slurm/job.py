@@ -27,6 +27,7 @@ from launcher.core.node_code import code_root, snapshot
 from launcher.execute.backend import LaunchOptions
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import StopRequest
+from launcher.execute.watcher_answers import WatcherAnswers, last_line
 from launcher.job.setup import SETUP_LOG
 from launcher.report.display import make_display
 from launcher.runs.folder import STAMP_ENV, RunFolder
@@ -125,18 +126,14 @@ def _read_code(path: Path) -> int | None:
         return None   # not written yet, or being written
 
 
-# An answer is the run's processes on a node: kilobytes. A node cannot grow launch's memory
-# without bound.
-MAX_ANSWER = 4 << 20
-
-
 class StepWatcher:
     """launch_node/node_probe.py `watch` on one node, a step that overlaps the job's (srun
     --overlap), kept for the run: a look is a line asked and a line answered, as over SSH
-    (launcher/backends/ssh/watcher.py). A look once started a step each time: srun, a
-    slurmstepd and an interpreter on the node, ~55 ms of a core measured on the lab, every
-    2 s per node for the whole run. The probe reads its stdin to the end: when launch closes
-    it, or launch dies, it leaves; the job's end ends it too."""
+    (launcher/backends/ssh/watcher.py; the answers' framing: launcher/execute/watcher_answers.py).
+    A look once started a step each time: srun, a slurmstepd and an interpreter on the node,
+    ~55 ms of a core measured on the lab, every 2 s per node for the whole run. The probe reads
+    its stdin to the end: when launch closes it, or launch dies, it leaves; the job's end ends
+    it too."""
 
     def __init__(self, argv: list[str], where: str):
         self.where = where
@@ -148,39 +145,27 @@ class StepWatcher:
             self._err.close()
             raise SlurmError("`srun` is not installed here: launch --slurm runs on a Slurm "
                              "login node, where the Slurm client commands are on PATH") from None
-        self.buffer = b""
+        self.answers = WatcherAnswers(where)
 
     def ask(self, what: str, timeout: float) -> Any:
-        """The answer to `what` (activity | heartbeats); SlurmError when none comes."""
+        """The answer to `what` (activity | heartbeats); LauncherError when none comes."""
         self.proc.stdin.write(f"{what}\n".encode())
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
         out = self.proc.stdout.fileno()
-        while b"\n" not in self.buffer:
+
+        def recv() -> bytes:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([out], [], [], left)[0]:
                 raise SlurmError(f"the node watcher on {self.where} did not answer in "
                                  f"{timeout:g} s")
-            chunk = os.read(out, 1 << 16)
-            if not chunk:
-                raise SlurmError(f"the node watcher on {self.where} ended: {self._last_error()}")
-            self.buffer += chunk
-            if len(self.buffer) > MAX_ANSWER:
-                raise SlurmError(f"the node watcher on {self.where} answered more than "
-                                 f"{MAX_ANSWER >> 20} MB")
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        try:
-            return json.loads(line)
-        except ValueError:
-            raise SlurmError(f"the node watcher on {self.where} answered something that is "
-                             f"not JSON: {line[:200]!r}") from None
+            return os.read(out, 1 << 16)
+
+        return self.answers.next(recv, self._last_error)
 
     def _last_error(self) -> str:
         self._err.seek(0)
-        lines = self._err.read()[-MAX_ANSWER:].decode(errors="replace").strip().splitlines()
-        code = self.proc.poll()
-        return (lines[-1] if lines else "no output") + \
-            (f" (exit {code})" if code is not None else "")
+        return last_line(self._err.read(), self.proc.poll())
 
     def close(self, wait_s: float = 2.0) -> None:
         """End of input: the probe leaves and srun with it; waited for, so that nothing of
