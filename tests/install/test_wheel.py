@@ -93,15 +93,19 @@ def installed(tmp_path_factory):
     (wheel,) = wheels.glob("launch-*.whl")
 
     venv = root / "venv"
-    _step([sys.executable, "-m", "venv", str(venv)], env, timeout=120)
+    python = venv / "bin" / "python"
+    # Without pip of its own (ensurepip: 3.5 s of a core): this pip installs into it
+    # (--python), the same packages into the same site-packages.
+    _step([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, timeout=120)
     torch = os.environ.get("LAUNCH_TORCH", "torch==2.13.0")
     index = os.environ.get("LAUNCH_TORCH_INDEX")
     started = time.monotonic()
     # --no-compile: byte-compiling all of torch's modules is 3/4 of the install time (70 of 95
     # s on 2 cores); Python compiles what launch imports when it first imports it.
-    _step([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
-           "--disable-pip-version-check", *(["--extra-index-url", index] if index else []),
-           str(wheel), torch], env, timeout=600)
+    _step([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+           "--no-compile", "--disable-pip-version-check",
+           *(["--extra-index-url", index] if index else []), str(wheel), torch], env,
+          timeout=600)
     install_s = time.monotonic() - started
     print(f"\nwheel install into a fresh venv (launch + dependencies + {torch}): "
           f"{install_s:.0f} s")
@@ -111,6 +115,13 @@ def installed(tmp_path_factory):
     home.mkdir()
     run_env = {**env, "PATH": SYSTEM_PATH, "HOME": str(home),
                "LAUNCH_HOME": str(home / ".launch")}
+    # What every process of a run imports (the store's and the agents' torch, the ranks'
+    # trainer, DDP and AdamW's torch._dynamo), imported once here so that Python compiles it
+    # once, not in the run's five processes at once (torch alone: ~2 s of a core each).
+    # Not checked: a module missing from the wheel is for the tests to find and name.
+    subprocess.run([str(python), "-c", "import torch.distributed.run, torch._dynamo, train.main"],
+                   cwd=home, env=run_env, capture_output=True, timeout=300,
+                   stdin=subprocess.DEVNULL)
     yield Installed(wheel, venv, site_packages, run_env, install_s)
     # 1.4 GB, mostly torch: pytest keeps the last runs' temporary folders.
     shutil.rmtree(venv, ignore_errors=True)

@@ -6,10 +6,13 @@ namespace): the project staged once on the shared filesystem, setup, restarts in
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 
 import pytest
 
+from tests.conftest import launch_cmd
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env
 
@@ -21,16 +24,34 @@ def project(tmp_path):
     return write_project(tmp_path / "project")
 
 
-def test_script_with_setup_and_args(slurm_lab, run_launch, project):
-    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--setup", SETUP,
-                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project,
-                      env=slurm_env(slurm_lab), timeout=300)
+# crash-once: rank 1 crashes at step 3 in attempt 0 only; torchrun, inside the job, restarts
+# the ranks (--max-restarts 1) and they resume from the checkpoint.
+CRASH_ONCE = ["--mode", "crash-once"]
+
+
+@pytest.fixture(scope="module")
+def own_run(slurm_lab, tmp_path_factory):
+    """One run read by two tests (each run costs ~16 s of CPU on the lab: the store's, two
+    agents' and two ranks' torch imports): a script job with setup and arguments a shell would
+    mangle, whose rank 1 crashes once and is restarted inside the job. (project, proc)"""
+    project = write_project(tmp_path_factory.mktemp("own") / "project")
+    proc = subprocess.run(
+        launch_cmd("run", *slurm_args("--nodes", "2"), "main.py", "--setup", SETUP,
+                   "--run-id", "own", "--max-restarts", "1", "--", *HOSTILE_ARGS, *CRASH_ONCE),
+        cwd=project, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, **slurm_env(slurm_lab),
+             "LAUNCH_HOME": str(project.parent / "launch-home")})
+    return project, proc
+
+
+def test_script_with_setup_and_args(slurm_lab, own_run):
+    project, proc = own_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = results(proc.stdout)
     assert sorted(seen) == [0, 1]
     names = [h.name for h in slurm_lab.hosts]
     for got in seen.values():
-        assert got["argv"] == HOSTILE_ARGS
+        assert got["argv"] == [*HOSTILE_ARGS, *CRASH_ONCE]
         assert got["package"] == "the user's own train package"
         assert got["node_package"] == "the user's own launch_node package"
         assert got["sees"] == ["setup-ran.txt"]
@@ -47,15 +68,14 @@ def test_script_with_setup_and_args(slurm_lab, run_launch, project):
     assert job_processes(slurm_lab) == {}
 
 
-def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch, project):
+def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch, project,
+                                                         own_run):
     env = slurm_env(slurm_lab)
-    # crash-once crashes in attempt 0 only: torchrun, inside the job, restarts the ranks.
-    proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "restarts",
-                      "--max-restarts", "1", "--", "--mode", "crash-once", cwd=project,
-                      env=env, timeout=300)
+    # The run with --max-restarts 1: torchrun, inside the job, restarted the ranks.
+    own, proc = own_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
-    summary = json.loads((project / "runs" / "restarts" / "summary.json").read_text())
+    summary = json.loads((own / "runs" / "own" / "summary.json").read_text())
     assert summary["status"] == "succeeded" and len(summary["restarts"]) == 1
     # Without restarts the run fails; --resume submits a new job into its folder.
     proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "again",

@@ -218,7 +218,10 @@ def test_the_option_table_is_sbatchs_own(tmp_path):
     """Slurm's getopt_long answers without a controller: every option's argument kind, every
     one- and two-letter prefix (unknown, ambiguous or one option), every short letter."""
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n"
+    # MessageTimeout=1: the probes that parse (--wrap=x, --wr=) go on to submit, and against
+    # no controller sbatch retries the connection for MessageTimeout seconds (10 by default:
+    # 9 s each); with 1 it fails at once with the same answer.
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nMessageTimeout=1\n"
                     "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=n1 Default=YES\n")
     probes = []
     for option in TABLE:

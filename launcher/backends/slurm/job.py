@@ -11,7 +11,11 @@ every node.
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +27,7 @@ from launcher.core.node_code import code_root, snapshot
 from launcher.execute.backend import LaunchOptions
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import StopRequest
+from launcher.execute.watcher_answers import WatcherAnswers, last_line
 from launcher.job.setup import SETUP_LOG
 from launcher.report.display import make_display
 from launcher.runs.folder import STAMP_ENV, RunFolder
@@ -121,6 +126,63 @@ def _read_code(path: Path) -> int | None:
         return None   # not written yet, or being written
 
 
+class StepWatcher:
+    """launch_node/node_probe.py `watch` on one node, a step that overlaps the job's (srun
+    --overlap), kept for the run: a look is a line asked and a line answered, as over SSH
+    (launcher/backends/ssh/watcher.py; the answers' framing: launcher/execute/watcher_answers.py).
+    A look once started a step each time: srun, a slurmstepd and an interpreter on the node,
+    ~55 ms of a core measured on the lab, every 2 s per node for the whole run. The probe reads
+    its stdin to the end: when launch closes it, or launch dies, it leaves; the job's end ends
+    it too."""
+
+    def __init__(self, argv: list[str], where: str):
+        self.where = where
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._err)
+        except FileNotFoundError:
+            self._err.close()
+            raise SlurmError("`srun` is not installed here: launch --slurm runs on a Slurm "
+                             "login node, where the Slurm client commands are on PATH") from None
+        self.answers = WatcherAnswers(where)
+
+    def ask(self, what: str, timeout: float) -> Any:
+        """The answer to `what` (activity | heartbeats); LauncherError when none comes."""
+        self.proc.stdin.write(f"{what}\n".encode())
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        out = self.proc.stdout.fileno()
+
+        def recv() -> bytes:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                raise SlurmError(f"the node watcher on {self.where} did not answer in "
+                                 f"{timeout:g} s")
+            return os.read(out, 1 << 16)
+
+        return self.answers.next(recv, self._last_error)
+
+    def _last_error(self) -> str:
+        self._err.seek(0)
+        return last_line(self._err.read(), self.proc.poll())
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """End of input: the probe leaves and srun with it; waited for, so that nothing of
+        the run is left on the node when launch goes on (killed if it lingers)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass   # it ended already (a broken pipe)
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._err.close()
+
+
 class SlurmNodeProcess:
     """One node's torchrun agent in the job."""
 
@@ -134,6 +196,8 @@ class SlurmNodeProcess:
         self.name, self.node_dir, self.watch = name, node_dir, watch
         self.probe, self.stamp = probe, stamp
         self._code: int | None = None
+        self._watcher: StepWatcher | None = None
+        self._watcher_lock = threading.Lock()
 
     def start(self) -> None:
         pass   # srun starts it, inside the job
@@ -155,23 +219,51 @@ class SlurmNodeProcess:
         self.watch.cancel(kill=sig == signal.SIGKILL)
 
     # ---- the hang watch (launcher/execute/watch.py) ---------------------------------------
+    def _srun(self) -> list[str]:
+        return ["srun", f"--jobid={self.watch.job_id}", "--overlap", "--nodes=1", "--ntasks=1",
+                f"--nodelist={self.name}", "--quiet"]
+
     def _probe(self, *args: str, timeout: float) -> Any:
         """launch_node/node_probe.py on the node, as a step of the running job that overlaps the
         job's own (srun --overlap: it needs no free resources)."""
-        argv = ["srun", f"--jobid={self.watch.job_id}", "--overlap", "--nodes=1",
-                "--ntasks=1", f"--nodelist={self.name}", "--quiet", *self.probe, *args]
-        proc = slurm(argv, timeout=timeout)
+        proc = slurm([*self._srun(), *self.probe, *args], timeout=timeout)
         if proc.returncode != 0:
             raise SlurmError(f"node probe on {self.name} (job {self.watch.job_id}) exited "
                              f"{proc.returncode}: {said(proc)[-300:]}")
         return json.loads(proc.stdout)
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        return self._probe("heartbeats", str(self.node_dir), timeout=15)
+        # The ranks write them into the node's folder, on the filesystem the nodes share with
+        # launch (it reads their output and exit codes there too): read here, as the probe on
+        # the node would read them, instead of a job step and an interpreter on the node every
+        # look (srun, slurmstepd and node_probe.py: ~55 ms of a core, every 2 s per node).
+        from launch_node.node_probe import read_heartbeats
+
+        return read_heartbeats(self.node_dir)
 
     def activity(self) -> dict[str, Any]:
-        return self._probe("activity", str(self.node_dir), "--stamp", self.stamp,
-                           "--node", self.name, timeout=15)
+        with self._watcher_lock:
+            if self._watcher is not None and self._watcher.proc.poll() is not None:
+                self._close_watcher()
+            if self._watcher is None:
+                self._watcher = StepWatcher(
+                    [*self._srun(), *self.probe, "watch", str(self.node_dir), "--stamp",
+                     self.stamp, "--node", self.name], f"{self.name} (job {self.watch.job_id})")
+            try:
+                return self._watcher.ask("activity", timeout=15)
+            except Exception:
+                self._close_watcher()
+                raise
+
+    def _close_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    def close(self) -> None:
+        """The node's watcher step, if one was started (the job's end would end it too)."""
+        with self._watcher_lock:
+            self._close_watcher()
 
     def dump_ranks(self, timeout: float) -> dict[str, Any]:
         return self._probe("dump", str(self.node_dir), "--stamp", self.stamp, "--timeout",
@@ -362,6 +454,8 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
                 SlurmService(names[0], "job", output, watch)]
 
     def after() -> None:
+        for proc in procs:
+            proc.close()   # the watcher steps, before the job's end is waited for
         final = watch.wait_final(FINAL_WAIT_S, stop=lambda: stop.count > 1)
         display.message(final.describe() if final.final else
                         f"{final.describe()}: still not ended {FINAL_WAIT_S:.0f} s after the "
@@ -397,6 +491,9 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
         if why:
             raise RunFailed(f"{why}\n{err}", exit_code=err.exit_code) from None
         raise
+    finally:
+        for proc in procs:
+            proc.close()
 
 
 # Final states in which Slurm, not a node of the run, ended the job; what each means.

@@ -13,16 +13,13 @@ drops, or launch dies, it leaves.
 
 from __future__ import annotations
 
-import json
+import socket
 from typing import Any
 
 from fabric import Connection
 
 from launcher.core.errors import LauncherError
-
-# An answer is a few heartbeats or the run's processes on a node: kilobytes. A node cannot
-# grow launch's memory without bound.
-MAX_ANSWER = 4 << 20
+from launcher.execute.watcher_answers import MAX_ANSWER, WatcherAnswers, last_line
 
 
 class NodeWatcher:
@@ -31,7 +28,7 @@ class NodeWatcher:
         conn.open()
         self.channel = conn.client.get_transport().open_session()
         self.channel.exec_command(command)
-        self.buffer = b""
+        self.answers = WatcherAnswers(where)
 
     def alive(self) -> bool:
         transport = self.channel.get_transport()
@@ -41,30 +38,21 @@ class NodeWatcher:
         """The answer to `what` (heartbeats | activity); LauncherError when none comes."""
         self.channel.settimeout(timeout)
         self.channel.sendall(f"{what}\n".encode())
-        while b"\n" not in self.buffer:
-            chunk = self.channel.recv(1 << 16)
-            if not chunk:
-                raise LauncherError(f"the node watcher on {self.where} ended: "
-                                    f"{self._last_error()}")
-            self.buffer += chunk
-            if len(self.buffer) > MAX_ANSWER:
-                raise LauncherError(f"the node watcher on {self.where} answered more than "
-                                    f"{MAX_ANSWER >> 20} MB")
-        line, _, self.buffer = self.buffer.partition(b"\n")
+        return self.answers.next(self._recv, self._last_error)
+
+    def _recv(self) -> bytes:
         try:
-            return json.loads(line)
-        except ValueError:
-            raise LauncherError(f"the node watcher on {self.where} answered something that "
-                                f"is not JSON: {line[:200]!r}") from None
+            return self.channel.recv(1 << 16)
+        except socket.timeout:
+            raise LauncherError(f"the node watcher on {self.where} did not answer in "
+                                f"{self.channel.gettimeout():g} s") from None
 
     def _last_error(self) -> str:
         err = b""
         while self.channel.recv_stderr_ready() and len(err) < MAX_ANSWER:
             err += self.channel.recv_stderr(1 << 16)
-        lines = err.decode(errors="replace").strip().splitlines()
-        status = self.channel.exit_status if self.channel.exit_status_ready() else None
-        return (lines[-1] if lines else "no output") + \
-            (f" (exit {status})" if status is not None else "")
+        return last_line(err, self.channel.exit_status if self.channel.exit_status_ready()
+                         else None)
 
     def close(self, wait_s: float = 2.0) -> None:
         """End of input: the node's end leaves; waited for (its exit status), so that nothing
