@@ -5,10 +5,13 @@ One lab for the module: its hosts outlive each test, as real hosts do between ru
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 import yaml
 
+from tests.conftest import launch_cmd
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.ssh.conftest import only_sshd_left
 
@@ -20,10 +23,33 @@ def project(tmp_path):
     return write_project(tmp_path / "project")
 
 
-def test_script_ships_with_its_package_and_data_and_runs_setup(run_launch, lab, project):
+@pytest.fixture(scope="module")
+def same_id_runs(module_lab, tmp_path_factory):
+    """One project, three runs under one run id on the lab: the first crashes once, `--resume`
+    finishes it, then a new run reuses the id (another runs folder) with a setup command and
+    arguments a shell would mangle. The crash test reads all three; the shipping test reads
+    the third (one run fewer than a run of its own: ~15 s of CPU on the lab).
+    ({"crashed", "resumed", "fresh": CompletedProcess}, the project, what was left running)."""
+    lab, project = module_lab, write_project(tmp_path_factory.mktemp("job") / "project")
+    env = {**os.environ, "LAUNCH_HOME": str(project.parent / "launch-home")}
     inventory = str(lab.inventory)
-    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--setup", SETUP,
-                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project, timeout=300)
+
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(launch_cmd(*args), cwd=project, env=env, text=True,
+                              capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+
+    runs = {"crashed": launch("run", "-i", inventory, "--nodes", "2", "main.py", "--run-id",
+                              "again", "--", "--mode", "crash-once")}
+    runs["resumed"] = launch("run", "-i", inventory, "--resume", "again")
+    runs["fresh"] = launch("run", "-i", inventory, "--nodes", "2", "main.py", "--setup", SETUP,
+                           "--run-id", "again", "--runs-dir", "other-runs", "--",
+                           *HOSTILE_ARGS)
+    return runs, project, only_sshd_left(lab)
+
+
+def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs):
+    runs, project, left = same_id_runs
+    proc = runs["fresh"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = results(proc.stdout)
     assert sorted(seen) == [0, 1]
@@ -38,28 +64,27 @@ def test_script_ships_with_its_package_and_data_and_runs_setup(run_launch, lab, 
         assert addrs == [h.rank_address for h in lab.hosts]
         assert got["env"]["LAUNCH_HEAD_ADDR"] == addrs[0]
     # The lab's hosts share one filesystem, so they share the shipped folder: setup ran once.
-    logs = [(project / "runs" / "own" / h.name / "setup.log").read_text() for h in lab.hosts]
+    logs = [(project / "other-runs" / "again" / h.name / "setup.log").read_text()
+            for h in lab.hosts]
     assert sum("launch: setup done" in log for log in logs) == 1
     assert sum("launch: setup skipped" in log for log in logs) == 1
     assert not (project / "pwned").exists()
-    assert only_sshd_left(lab) == {}
+    assert left == {}
 
 
-def test_a_crash_then_resume_on_the_same_hosts(run_launch, lab, project):
-    inventory = str(lab.inventory)
-    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--run-id", "again",
-                      "--", "--mode", "crash-once", cwd=project, timeout=300)
+def test_a_crash_then_resume_on_the_same_hosts(lab, same_id_runs):
+    runs, _, left = same_id_runs
+    proc = runs["crashed"]
     assert proc.returncode == 1
     assert "rank 1 crashes once" in proc.stderr
-    proc = run_launch("run", "-i", inventory, "--resume", "again", cwd=project, timeout=300)
+    proc = runs["resumed"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
     # A new run that reuses the id starts afresh: the earlier run's state is not its own.
-    proc = run_launch("run", "-i", inventory, "--nodes", "2", "main.py", "--run-id", "again",
-                      "--runs-dir", "other-runs", cwd=project, timeout=300)
+    proc = runs["fresh"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step" not in proc.stdout
-    assert only_sshd_left(lab) == {}
+    assert left == {}
 
 
 def test_a_command_with_its_own_torchrun(run_launch, lab, project):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
+from tests.conftest import launch_cmd
 from tests.run.conftest import write_recipe
 from tests.ssh.conftest import (edit_inventory, make_venv_without_torch, new_key,
                                 only_sshd_left, remote_run_dirs)
@@ -61,22 +65,62 @@ def test_changed_host_key_is_refused_even_with_accept_new(lab, run_launch, tmp_p
     assert known.read_text().count(lab.hosts[1].address) == 1  # nothing was added
 
 
-def test_unknown_host_key_refused_then_recorded_with_accept_new(lab, run_launch, tmp_path):
-    known = tmp_path / "known_hosts"
+@pytest.fixture(scope="module")
+def accepted_run(module_lab, tmp_path_factory):
+    """One known_hosts file that knows host0 only: a run refused for host1's unknown key, a dry
+    run, then a real 2-step run with --accept-new-host-keys that records it. The real run also
+    carries a node env file on host1 and a recipe env that overrides it, which the env-file
+    test reads from its plan: one run for both tests (a run over the lab costs ~18 s of CPU).
+    {"refused", "refused_left", "dry", "accepted": CompletedProcess, "known", "runs"}."""
+    lab, base = module_lab, tmp_path_factory.mktemp("accept")
+    env = {**os.environ, "LAUNCH_HOME": str(base / "launch-home")}
+
+    def launch(*args, cwd, timeout=120):
+        cwd.mkdir(exist_ok=True)
+        return subprocess.run(launch_cmd(*args), cwd=cwd, env=env, text=True,
+                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    known = base / "known_hosts"
     known.write_text(lab.known_hosts.read_text().splitlines()[0] + "\n")  # host1 unknown
-    recipe = write_recipe(tmp_path)
-    args = ["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory), "--known-hosts",
-            str(known), "--dry-run"]
-    refused = _run(run_launch, tmp_path, lab.inventory, "--known-hosts", str(known))
-    _nothing_started(lab, tmp_path, refused)
+    found = {"known": known}
+    refused_dir = base / "refused"
+    refused_dir.mkdir()
+    found["refused"] = launch("run", "--nodes", "2", str(write_recipe(refused_dir)), "-i",
+                              str(lab.inventory), "--run-id", "pre", "--known-hosts", str(known),
+                              cwd=refused_dir)
+    found["refused_left"] = only_sshd_left(lab)
+    found["refused_runs"] = (refused_dir / "runs").exists()
+    found["dry"] = launch("run", "--nodes", "2", str(write_recipe(refused_dir)), "-i",
+                          str(lab.inventory), "--known-hosts", str(known), "--dry-run",
+                          cwd=refused_dir)
+    # What `launch setup` writes for EFA (FI_PROVIDER=efa ...), on host1 only.
+    env_file = base / "nccl.env"
+    env_file.write_text("# written by launch setup\nFI_PROVIDER=efa\nNCCL_PROTO=Simple\n")
+    inv = edit_inventory(lab, base, host1={"launch_env_file": str(env_file)})
+    accept_dir = base / "accepted"
+    accept_dir.mkdir()
+    recipe = write_recipe(accept_dir, train={"steps": 2}, env={"NCCL_PROTO": "LL128"})
+    found["accepted"] = launch("run", "--nodes", "2", str(recipe), "-i", str(inv),
+                               "--known-hosts", str(known), "--accept-new-host-keys",
+                               "--run-id", "accept", cwd=accept_dir, timeout=180)
+    found["runs"] = accept_dir / "runs"
+    return found
+
+
+def test_unknown_host_key_refused_then_recorded_with_accept_new(lab, accepted_run):
+    refused = accepted_run["refused"]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "nothing was started" in refused.stderr
+    assert accepted_run["refused_left"] == {}
+    assert remote_run_dirs(lab, "pre") == []
+    assert not accepted_run["refused_runs"]
     assert "host host1: the host key of" in refused.stderr
     assert "--accept-new-host-keys" in refused.stderr
-    assert run_launch(*args).returncode == 0  # (a dry run connects to nothing)
-    accepted = run_launch("run", "--nodes", "2", str(write_recipe(tmp_path, train={"steps": 2})),
-                          "-i", str(lab.inventory), "--known-hosts", str(known),
-                          "--accept-new-host-keys", "--run-id", "accept", timeout=180)
+    assert accepted_run["dry"].returncode == 0  # (a dry run connects to nothing)
+    accepted = accepted_run["accepted"]
     assert accepted.returncode == 0, accepted.stdout[-2000:] + accepted.stderr[-2000:]
-    assert lab.hosts[1].address in known.read_text()
+    assert lab.hosts[1].address in accepted_run["known"].read_text()
 
 
 def test_missing_torch(lab, run_launch, tmp_path):
@@ -127,18 +171,13 @@ def test_dry_run_connects_to_nothing(lab, run_launch, tmp_path):
     assert remote_run_dirs(lab, "dry") == []
 
 
-def test_node_env_file_reaches_every_rank_and_recipe_env_wins(lab, run_launch, tmp_path):
+def test_node_env_file_reaches_every_rank_and_recipe_env_wins(lab, accepted_run):
     """What `launch setup` writes for EFA (FI_PROVIDER=efa ...) is picked up per node."""
-    env_file = tmp_path / "nccl.env"
-    env_file.write_text("# written by launch setup\nFI_PROVIDER=efa\nNCCL_PROTO=Simple\n")
-    inv = edit_inventory(lab, tmp_path, host1={"launch_env_file": str(env_file)})
-    recipe = write_recipe(tmp_path, train={"steps": 2}, env={"NCCL_PROTO": "LL128"})
-    proc = run_launch("run", "--nodes", "2", str(recipe), "-i", str(inv), "--run-id", "envf",
-                      timeout=180)
+    proc = accepted_run["accepted"]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     import json
 
-    plan = json.loads((tmp_path / "runs/envf/plan.json").read_text())
+    plan = json.loads((accepted_run["runs"] / "accept/plan.json").read_text())
     host0, host1 = plan["nodes"]
     assert host1["env"]["FI_PROVIDER"] == "efa" and "FI_PROVIDER" not in host0["env"]
     assert host1["env"]["NCCL_PROTO"] == "LL128"  # the recipe overrides the node file

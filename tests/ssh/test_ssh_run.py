@@ -82,36 +82,48 @@ def test_killed_worker_stops_all_hosts(lab, tmp_path):
     assert only_sshd_left(lab) == {}
 
 
-def test_sigint_stops_all_hosts_with_exit_130(lab, tmp_path):
-    run = _start(tmp_path, lab, "ssh-int", 29612)
+@pytest.fixture(scope="module")
+def two_runs(module_lab, tmp_path_factory):
+    """Two runs on the lab at once: a long one stopped with SIGINT once both train, a short
+    one (60 steps) that must finish. The SIGINT test and the two-runs test both read it (one
+    pair of runs instead of a run for each: a run over the lab costs ~18 s of CPU to start).
+    Each run has a folder of its own, so each has its own output and runs folder."""
+    lab, base = module_lab, tmp_path_factory.mktemp("two-runs")
+    (base / "long").mkdir()
+    (base / "short").mkdir()
+    long_run = _start(base / "long", lab, "iso-long", 29613)
+    short_run = _start(base / "short", lab, "iso-short", 29614, steps=60)
     try:
-        wait_for(lambda: _training(tmp_path, "ssh-int"), 180, "training on the lab")
-        run.proc.send_signal(signal.SIGINT)
-        code = run.wait(timeout=60)
-    finally:
-        run.kill()
-    assert code == 130
-    assert "SIGINT" in run.output()
-    assert "Traceback" not in run.output() and "SignalException" not in run.output()
-    assert only_sshd_left(lab) == {}
-    summary = json.loads((tmp_path / "runs/ssh-int/summary.json").read_text())
-    assert summary["failure"]["interrupted"] is True and summary["status"] == "interrupted"
-
-
-def test_two_runs_at_once_one_interrupted_other_finishes(lab, tmp_path):
-    long_run = _start(tmp_path, lab, "iso-long", 29613)
-    short_run = _start(tmp_path, lab, "iso-short", 29614, steps=60)
-    try:
-        wait_for(lambda: _training(tmp_path, "iso-long") and _training(tmp_path, "iso-short"),
-                 240, "both runs training")
+        wait_for(lambda: _training(base / "long", "iso-long")
+                 and _training(base / "short", "iso-short"), 240, "both runs training")
         long_run.proc.send_signal(signal.SIGINT)
-        assert long_run.wait(timeout=60) == 130
-        # Stopping one run touched nothing of the other.
-        assert run_env_pids(lab, "host0", "iso-long") == []
-        assert short_run.wait(timeout=300) == 0, short_run.output()[-3000:]
+        long_code = long_run.wait(timeout=60)
+        # What of the stopped run is left on the hosts while the other still runs.
+        long_left = {h.name: run_env_pids(lab, h.name, "iso-long") for h in lab.hosts}
+        short_code = short_run.wait(timeout=300)
     finally:
         long_run.kill()
         short_run.kill()
-    summary = json.loads((tmp_path / "runs/iso-short/summary.json").read_text())
+    return {"base": base, "long": long_run, "long_code": long_code, "long_left": long_left,
+            "short": short_run, "short_code": short_code, "after_both": only_sshd_left(lab)}
+
+
+def test_sigint_stops_all_hosts_with_exit_130(lab, two_runs):
+    run = two_runs["long"]
+    assert two_runs["long_code"] == 130
+    assert "SIGINT" in run.output()
+    assert "Traceback" not in run.output() and "SignalException" not in run.output()
+    assert two_runs["long_left"] == {"host0": [], "host1": []}
+    assert two_runs["after_both"] == {}
+    summary = json.loads((two_runs["base"] / "long/runs/iso-long/summary.json").read_text())
+    assert summary["failure"]["interrupted"] is True and summary["status"] == "interrupted"
+
+
+def test_two_runs_at_once_one_interrupted_other_finishes(lab, two_runs):
+    assert two_runs["long_code"] == 130
+    # Stopping one run touched nothing of the other.
+    assert two_runs["long_left"]["host0"] == []
+    assert two_runs["short_code"] == 0, two_runs["short"].output()[-3000:]
+    summary = json.loads((two_runs["base"] / "short/runs/iso-short/summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == 60
-    assert only_sshd_left(lab) == {}
+    assert two_runs["after_both"] == {}
