@@ -110,6 +110,8 @@ class LineRouter:
         self.display = display
         self.steps = steps
         self._files: dict[str, TextIO] = {}
+        # Named by path in launch's messages: a file from os.fdopen is named by its descriptor.
+        self._paths = {node: str(path) for node, path in logs.items()}
         for node, path in logs.items():
             # <run folder>/<node>/node.log (RunFolder.node_log): the node's folder and its log
             # may have been planted as links or FIFOs (a resumed run's folder): refused, never
@@ -168,7 +170,7 @@ class LineRouter:
                     self.display.message(
                         "the terminal could not keep up: " + ", ".join(
                             f"{c} line(s) of {n} not shown here (all of them in "
-                            f"{self._files[n].name})" for n, c in skipped.items()))
+                            f"{self._paths[n]})" for n, c in skipped.items()))
 
     def mute(self, node: str) -> None:
         """From now on the node's lines go to its log only."""
@@ -194,7 +196,7 @@ class LineRouter:
             hidden = {n: c for n, c in hidden.items() if c}
         if hidden:
             self.message("lines printed while launch stopped the nodes are in their logs only: "
-                         + ", ".join(f"{n} {c} line(s) ({self._files[n].name})"
+                         + ", ".join(f"{n} {c} line(s) ({self._paths[n]})"
                                      for n, c in hidden.items()))
         self._shown.put(None)
         self._shower.join()

@@ -25,12 +25,6 @@ import yaml
 MAIN = r'''
 import gc, json, os, signal, socket, subprocess, sys, time
 
-import torch
-import torch.distributed as dist
-
-from train.model import TinyModel, PACKAGE
-from launch_node import PACKAGE as NODE_PACKAGE
-
 mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
 env = {k: v for k, v in os.environ.items()
@@ -48,6 +42,13 @@ if mode == "binary":
     sys.stdout.flush()
     print("binary done", flush=True)
     sys.exit(0)
+
+# Imported after the modes that only print (torch costs a second or two of CPU to import).
+import torch
+import torch.distributed as dist
+
+from train.model import TinyModel, PACKAGE
+from launch_node import PACKAGE as NODE_PACKAGE
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

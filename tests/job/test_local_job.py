@@ -68,10 +68,15 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
 
 
 def test_setup_runs_again_only_when_the_workdir_changes(run_launch, project):
+    # A job that imports nothing: setup's skip depends on the workdir and the commands, not on
+    # what the job does, and main.py's torch and gloo cost ~2 s of CPU in each of the 3 runs.
+    (project / "hello.py").write_text("print('hello', flush=True)\n")
+
     def go(run_id):
-        proc = run_launch("run", "--local", "--nodes", "1", "main.py", "--setup", SETUP,
-                          "--run-id", run_id, "--", "--steps", "1", cwd=project, timeout=240)
+        proc = run_launch("run", "--local", "--nodes", "1", "hello.py", "--setup", SETUP,
+                          "--run-id", run_id, cwd=project, timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "node0/0: hello" in proc.stdout
         return (project / "runs" / run_id / "node0" / "setup.log").read_text()
 
     assert "launch: setup done" in go("first")
@@ -166,8 +171,11 @@ def test_a_hung_rank_is_found_with_its_own_stack(run_launch, project):
 
 
 def test_a_job_computing_silently_is_not_hung(run_launch, project, tmp_path):
+    # Silent for twice the hang timeout: a watch blind to CPU use would stop it at ~4.5 s
+    # (the timeout, then a look every 0.5 s), 3.5 s before it ends; each second spun is a
+    # second of a core.
     script = project / "silent.py"
-    script.write_text("import time\nend = time.time() + 12\nx = 0\n"
+    script.write_text("import time\nend = time.time() + 8\nx = 0\n"
                       "while time.time() < end:\n    x += 1\nprint('computed', flush=True)\n")
     proc = run_launch("run", "--local", "--nodes", "1", "silent.py", "--hang-timeout", "4",
                       "--run-id", "silent", cwd=project, timeout=240)

@@ -6,9 +6,12 @@ question, benchmarks/ddp_tuning.py.) PowerSGD still reaches the accuracy bar."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 
+from tests.conftest import launch_cmd
 from tests.run.conftest import write_recipe
 
 pytestmark = pytest.mark.slow
@@ -77,28 +80,39 @@ def test_auto_too_short_to_measure_is_recorded_as_undecided(run_launch, tmp_path
     assert "bucket_cap_mb auto: 3.4 MiB of gradients; " in proc.stdout
 
 
-def test_powersgd_with_many_small_buckets_completes_on_gloo(run_launch, tmp_path):
-    """Without OneBucketAtATime the ranks issued PowerSGD's chained all-reduces in different
-    orders: this exact run hung (or gloo aborted with a size mismatch)."""
-    recipe = write_recipe(tmp_path, train={"steps": 30, "log_every": 10},
+@pytest.fixture(scope="module")
+def powersgd_run(tmp_path_factory):
+    """One PowerSGD run on 2 local nodes read by two tests: with buckets of 0.25 MiB (many
+    small ones: PowerSGD's per-parameter arithmetic is the same in any bucket layout) for 200
+    steps, so the accuracy it reaches is PowerSGD's and the bucket order is exercised in 190
+    compressed steps. (Two runs cost a second start of 2 agents, 2 ranks and the store.)"""
+    cwd = tmp_path_factory.mktemp("powersgd")
+    recipe = write_recipe(cwd, train={"steps": 200, "lr": 2e-3, "log_every": 50},
                           ddp={"bucket_cap_mb": 0.25, "comm_hook": "powersgd",
-                               "powersgd": {"rank": 4, "start_iter": 2}})
-    proc = run_launch("run", "--local", "--nodes", "2", str(recipe), "--run-id", "buckets",
-                      timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert _summary(tmp_path, "buckets")["steps"] == 30
-
-
-def test_powersgd_reaches_the_accuracy_bar_on_digits(run_launch, tmp_path):
-    recipe = write_recipe(tmp_path, train={"steps": 200, "lr": 2e-3, "log_every": 50},
-                          ddp={"comm_hook": "powersgd",
                                "powersgd": {"rank": 4, "start_iter": 10}})
-    proc = run_launch("run", "--local", "--nodes", "2", str(recipe), "--run-id", "psgd",
-                      timeout=400)
+    proc = subprocess.run(launch_cmd("run", "--local", "--nodes", "2", str(recipe), "--run-id",
+                                     "psgd"), cwd=cwd, text=True, capture_output=True,
+                          timeout=400, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "LAUNCH_HOME": str(cwd / "launch-home")})
+    return proc, cwd
+
+
+def test_powersgd_with_many_small_buckets_completes_on_gloo(powersgd_run):
+    """Without OneBucketAtATime the ranks issued PowerSGD's chained all-reduces in different
+    orders: this run hung (or gloo aborted with a size mismatch)."""
+    proc, cwd = powersgd_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    summary = _summary(tmp_path, "psgd")
+    summary = _summary(cwd, "psgd")
+    assert summary["steps"] == 200
+    assert "buckets 0.25 MiB" in (cwd / "runs/psgd/node0/node.log").read_text()
+
+
+def test_powersgd_reaches_the_accuracy_bar_on_digits(powersgd_run):
+    proc, cwd = powersgd_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = _summary(cwd, "psgd")
     assert summary["eval_accuracy"] >= 0.90
-    result = json.loads((tmp_path / "runs/psgd" / summary["rank0_node"] / "result.json").read_text())
+    result = json.loads((cwd / "runs/psgd" / summary["rank0_node"] / "result.json").read_text())
     assert result["powersgd_compression_rate"] > 5  # it really compressed
 
 
