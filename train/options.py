@@ -222,7 +222,9 @@ _TYPES = {"int": int, "float": float, "str": str, "size_or_auto": _size_or_auto}
 def add_options(parser: argparse.ArgumentParser) -> None:
     """Every option as an argparse flag (the trainer's side of `argv_for`)."""
     for option in OPTIONS:
-        kw: dict[str, Any] = {"default": option.default, "help": option.help,
+        # argparse %-formats help texts ("%(default)s"): the table's are plain prose ("5% of
+        # steps"), so a literal % is escaped, or --help fails for every option.
+        kw: dict[str, Any] = {"default": option.default, "help": option.help.replace("%", "%%"),
                               "dest": option.dest}
         if option.kind == "bool":
             kw["action"] = argparse.BooleanOptionalAction

@@ -101,3 +101,13 @@ def test_a_default_recipe_and_the_trainer_agree_on_image_and_patch_size():
     args = parse_args(trainer_args(recipe, "/tmp/out"))
     assert (args.image_size, args.patch_size) == (224, 16) == (
         recipe.train.image_size, recipe.train.patch_size)
+
+
+def test_the_trainers_help_lists_every_option(capsys):
+    # argparse %-formats help texts: a plain "5% of steps" in the table broke --help once.
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "(default: 5% of steps)" in out
+    assert all(option.flag in out for option in OPTIONS)
