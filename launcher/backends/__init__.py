@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.backends.slurm.flags import SLURM_FLAGS
-from launcher.cluster.ssh import SshOptions
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.execute.backend import (Backend, GroupResult, LaunchOptions, NodeResult, Recover,
                                       print_plan)

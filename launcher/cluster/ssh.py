@@ -24,6 +24,7 @@ import paramiko
 from fabric import Connection
 
 from launcher.cluster.inventory import Node
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
 
@@ -232,13 +233,6 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as f:
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    known_hosts: str | None = None
-    accept_new_host_keys: bool = False
-    connect_timeout: float = 10.0
 
 
 class _NodeConnection(Connection):

@@ -150,7 +150,8 @@ def test_a_node_that_fails_behind_the_head_leaves_no_connection_to_the_head(priv
     """connect() opens the head's connection for a node behind it; when the node cannot be
     reached, or its own key file is missing, no connection to the head stays open (one was
     left open per failed node)."""
-    from launcher.cluster.ssh import HostProblem, SshOptions, connect
+    from launcher.cluster.ssh import HostProblem, connect
+    from launcher.cluster.ssh_options import SshOptions
 
     head = private_lab.hosts[0]
     nodes = load_inventory(private_lab.inventory)

@@ -118,6 +118,26 @@ def test_every_module_imports_in_any_order(seed):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+# What a command that never connects to a host loads: launch starts in every test's runs and
+# in every step of a user's loop, and paramiko with fabric cost ~0.13 s of CPU at each start,
+# boto3 and matplotlib more; each is imported where its command needs it.
+HEAVY_LIBRARIES = ("paramiko", "fabric", "boto3", "matplotlib", "torch")
+
+
+def test_a_local_dry_run_loads_no_ssh_aws_plotting_or_torch_library(tmp_path):
+    (tmp_path / "hello.py").write_text("print('hello')\n")
+    code = ("import sys\nfrom launcher.cli import main\n"
+            "code = main(['run', '--local', '--nodes', '2', '--dry-run', 'hello.py'])\n"
+            f"print(sorted(m for m in {HEAVY_LIBRARIES!r} if m in sys.modules))\n"
+            "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                               "LAUNCH_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout[-2000:]
+
+
 # The packages shipped to every node (launcher/core/node_code.py), each with the packages of
 # launch's it may import: the node runtime serves any job, so it knows neither the trainer nor
 # launcher; nothing on a node imports launcher (the node runs its own interpreter, launch's

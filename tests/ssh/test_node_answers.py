@@ -10,7 +10,8 @@ import pytest
 
 from launcher.backends.ssh.preflight import NodeProbe
 from launcher.cluster.inventory import load_inventory
-from launcher.cluster.ssh import HostProblem, SshOptions, connect, remote, run_with_input
+from launcher.cluster.ssh import HostProblem, connect, remote, run_with_input
+from launcher.cluster.ssh_options import SshOptions
 
 
 def test_a_flood_of_output_is_cut_and_the_command_ended(lab):

@@ -13,7 +13,8 @@ import pytest
 from launch_node.heartbeat import heartbeat_path
 from launcher.backends.ssh.agent import SshNodeProcess
 from launcher.cluster.inventory import load_inventory
-from launcher.cluster.ssh import SshOptions, connect
+from launcher.cluster.ssh import connect
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.job.runplan import NodeCommand
 from launcher.lab import netns

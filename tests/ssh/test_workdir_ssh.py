@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cluster.inventory import load_inventory
-from launcher.cluster.ssh import SshOptions, connect, remote
+from launcher.cluster.ssh import connect, remote
+from launcher.cluster.ssh_options import SshOptions
 from launcher.workdir.scan import WorkdirError, scan_workdir
 from launcher.workdir.sync import NODE_SOURCE, ship_ssh
 from tests.workdir.conftest import PROJECT, expected_tree, make_tree, tree_of

@@ -18,7 +18,8 @@ from fabric import Connection
 
 from launcher.backends.ssh.watcher import NodeWatcher
 from launcher.cluster.inventory import Node
-from launcher.cluster.ssh import SshOptions, connect, remote
+from launcher.cluster.ssh import connect, remote
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
 from launcher.execute.prepare import SetupLog, in_parallel_or_raise

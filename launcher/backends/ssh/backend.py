@@ -11,7 +11,7 @@ from typing import Any
 from launcher.execute.backend import (GroupResult, LaunchOptions, NodeResult, Program,
                                     in_parallel)
 from launcher.cluster.inventory import Node, load_inventory, select_nodes
-from launcher.cluster.ssh import SshOptions
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.core.node_code import code_files, code_root, content_hash
 from launcher.job.recipe import Recipe

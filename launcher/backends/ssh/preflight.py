@@ -27,7 +27,8 @@ from fabric import Connection
 
 from launcher.check.probe import node_function
 from launcher.cluster.inventory import Node
-from launcher.cluster.ssh import HostProblem, SshOptions, Started, connect, remote
+from launcher.cluster.ssh import HostProblem, Started, connect, remote
+from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.job.recipe import Recipe, check_recipe_for_hardware
 
