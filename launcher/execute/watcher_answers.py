@@ -1,14 +1,16 @@
-"""The answers of launch_node/node_probe.py `watch`, the hang watch's one process per node kept
-for the run (launcher/execute/watch.py asks it for every rank's heartbeat or the run's
-processes): a line asked, a line of JSON answered. Each backend brings its transport (an SSH
-exec channel, an srun step's pipes); the framing and its bounds are here, once.
+"""launch_node/node_probe.py `watch`, the hang watch's one process per node kept for the run
+(launcher/execute/watch.py asks it for every rank's heartbeat or the run's processes): a line
+asked, a line of JSON answered. Each backend brings its transport (an SSH exec channel, an srun
+step's pipes); the framing and its bounds, and keeping one watcher per node (started at the
+first look, replaced after a failed one), are here, once.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from launcher.core.errors import LauncherError
 
@@ -48,3 +50,45 @@ def last_line(err: bytes, status: int | None) -> str:
     lines = err[-MAX_ANSWER:].decode(errors="replace").strip().splitlines()
     return (lines[-1] if lines else "no output") + (f" (exit {status})" if status is not None
                                                     else "")
+
+
+class Watcher(Protocol):
+    """A backend's watcher: its transport and the answers it frames with WatcherAnswers."""
+
+    def alive(self) -> bool: ...
+
+    def ask(self, what: str, timeout: float) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class KeptWatcher:
+    """One node's watcher, started at the first look and kept for the run; one that died, or
+    failed a look (it is closed then), is started again at the next. Looks may come from the
+    hang watch's threads at once: one at a time."""
+
+    def __init__(self, start: Callable[[], Watcher]):
+        self._start = start
+        self._watcher: Watcher | None = None
+        self._lock = threading.Lock()
+
+    def ask(self, what: str, timeout: float = 15) -> Any:
+        with self._lock:
+            if self._watcher is not None and not self._watcher.alive():
+                self._close()
+            if self._watcher is None:
+                self._watcher = self._start()
+            try:
+                return self._watcher.ask(what, timeout)
+            except Exception:
+                self._close()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None

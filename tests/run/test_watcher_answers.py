@@ -1,12 +1,13 @@
 """The node watcher's answers (launcher/execute/watcher_answers.py), as both the SSH channel
-and the Slurm step deliver them: in pieces, several at once, too many, or not at all."""
+and the Slurm step deliver them: in pieces, several at once, too many, or not at all; and the
+one watcher per node both keep for the run."""
 
 from __future__ import annotations
 
 import pytest
 
 from launcher.core.errors import LauncherError
-from launcher.execute.watcher_answers import MAX_ANSWER, WatcherAnswers, last_line
+from launcher.execute.watcher_answers import MAX_ANSWER, KeptWatcher, WatcherAnswers, last_line
 
 
 def chunks(*parts: bytes):
@@ -40,3 +41,41 @@ def test_the_last_line_said_and_the_exit_status():
     assert last_line(b"warming up\nImportError: no torch\n", 1) == "ImportError: no torch (exit 1)"
     assert last_line(b"", None) == "no output"
     assert last_line(b"x" * (2 * MAX_ANSWER) + b"\nend", None) == "end"
+
+
+class _Fake:
+    """A backend's watcher as KeptWatcher sees it: alive until told, answering or failing."""
+
+    def __init__(self, made: list):
+        made.append(self)
+        self.up, self.closed, self.fail = True, False, False
+
+    def alive(self) -> bool:
+        return self.up
+
+    def ask(self, what: str, timeout: float):
+        if self.fail:
+            raise LauncherError("no answer")
+        return {"asked": what, "by": id(self)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_one_watcher_is_kept_replaced_when_it_died_or_failed_and_closed_at_the_end():
+    made: list[_Fake] = []
+    kept = KeptWatcher(lambda: _Fake(made))
+    assert made == []                                  # nothing started before the first look
+    first = kept.ask("heartbeats")
+    assert kept.ask("activity")["by"] == first["by"] and len(made) == 1
+    made[0].up = False                                 # it died: replaced at the next look
+    kept.ask("activity")
+    assert len(made) == 2 and made[0].closed
+    made[1].fail = True                                # a failed look closes it
+    with pytest.raises(LauncherError, match="no answer"):
+        kept.ask("activity")
+    assert made[1].closed
+    kept.ask("activity")
+    assert len(made) == 3
+    kept.close()
+    assert made[2].closed

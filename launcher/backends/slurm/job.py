@@ -27,7 +27,7 @@ from launcher.core.node_code import code_root, snapshot
 from launcher.execute.backend import LaunchOptions
 from launcher.execute.runner import execute_plan
 from launcher.execute.supervisor import StopRequest
-from launcher.execute.watcher_answers import WatcherAnswers, last_line
+from launcher.execute.watcher_answers import KeptWatcher, WatcherAnswers, last_line
 from launcher.job.setup import SETUP_LOG
 from launcher.report.display import make_display
 from launcher.runs.folder import STAMP_ENV, RunFolder
@@ -163,6 +163,9 @@ class StepWatcher:
 
         return self.answers.next(recv, self._last_error)
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def _last_error(self) -> str:
         self._err.seek(0)
         return last_line(self._err.read(), self.proc.poll())
@@ -196,8 +199,9 @@ class SlurmNodeProcess:
         self.name, self.node_dir, self.watch = name, node_dir, watch
         self.probe, self.stamp = probe, stamp
         self._code: int | None = None
-        self._watcher: StepWatcher | None = None
-        self._watcher_lock = threading.Lock()
+        self._watcher = KeptWatcher(lambda: StepWatcher(
+            [*self._srun(), *self.probe, "watch", str(self.node_dir), "--stamp", self.stamp,
+             "--node", self.name], f"{self.name} (job {self.watch.job_id})"))
 
     def start(self) -> None:
         pass   # srun starts it, inside the job
@@ -242,28 +246,11 @@ class SlurmNodeProcess:
         return read_heartbeats(self.node_dir)
 
     def activity(self) -> dict[str, Any]:
-        with self._watcher_lock:
-            if self._watcher is not None and self._watcher.proc.poll() is not None:
-                self._close_watcher()
-            if self._watcher is None:
-                self._watcher = StepWatcher(
-                    [*self._srun(), *self.probe, "watch", str(self.node_dir), "--stamp",
-                     self.stamp, "--node", self.name], f"{self.name} (job {self.watch.job_id})")
-            try:
-                return self._watcher.ask("activity", timeout=15)
-            except Exception:
-                self._close_watcher()
-                raise
-
-    def _close_watcher(self) -> None:
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None
+        return self._watcher.ask("activity")
 
     def close(self) -> None:
         """The node's watcher step, if one was started (the job's end would end it too)."""
-        with self._watcher_lock:
-            self._close_watcher()
+        self._watcher.close()
 
     def dump_ranks(self, timeout: float) -> dict[str, Any]:
         return self._probe("dump", str(self.node_dir), "--stamp", self.stamp, "--timeout",

@@ -9,7 +9,6 @@ import posixpath
 import queue
 import signal as signals
 import stat
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from launcher.cluster.ssh_options import SshOptions
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
 from launcher.execute.prepare import SetupLog, in_parallel_or_raise
+from launcher.execute.watcher_answers import KeptWatcher
 from launcher.job.runplan import NodeCommand, RunPlan
 from launcher.job.setup import setup_argv, setup_key
 from launcher.runs.folder import STAMP_ENV
@@ -86,8 +86,10 @@ class SshNodeProcess:
         self._reconnected: list[Connection] = []
         # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): opened at the
         # first, again after a failed one.
-        self._watcher: NodeWatcher | None = None
-        self._watcher_lock = threading.Lock()
+        self._watcher = KeptWatcher(lambda: NodeWatcher(
+            self.connection(), self._probe_line("watch", self.command.run_dir, "--stamp",
+                                                self.stamp, "--node", self.name),
+            self.node.address))
         # Restarts of the run before this start of the node (launch restarted it): added to
         # the plan's LAUNCH_ATTEMPT.
         self.attempt_offset = 0
@@ -187,32 +189,11 @@ class SshNodeProcess:
                                 f"{result.stderr.strip()[-300:]}")
         return json.loads(result.stdout)
 
-    def _look(self, what: str) -> Any:
-        with self._watcher_lock:
-            if self._watcher is not None and not self._watcher.alive():
-                self._close_watcher()
-            if self._watcher is None:
-                self._watcher = NodeWatcher(
-                    self.connection(), self._probe_line("watch", self.command.run_dir,
-                                                        "--stamp", self.stamp,
-                                                        "--node", self.name),
-                    self.node.address)
-            try:
-                return self._watcher.ask(what, timeout=15)
-            except Exception:
-                self._close_watcher()
-                raise
-
-    def _close_watcher(self) -> None:
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None
-
     def heartbeats(self) -> list[dict[str, Any]]:
-        return self._look("heartbeats")
+        return self._watcher.ask("heartbeats")
 
     def activity(self) -> dict[str, Any]:
-        return self._look("activity")
+        return self._watcher.ask("activity")
 
     def dump_ranks(self, timeout: float) -> dict[str, Any]:
         return self._probe("dump", self.command.run_dir, "--stamp", self.stamp, "--timeout",
@@ -228,8 +209,7 @@ class SshNodeProcess:
     def close(self) -> None:
         """The node watcher, and connections this process opened again (the original belongs
         to the backend)."""
-        with self._watcher_lock:
-            self._close_watcher()
+        self._watcher.close()
         for conn in self._reconnected:
             conn.close()
         self._reconnected = []
