@@ -48,16 +48,17 @@ def tree_state(root: Path) -> dict[str, tuple]:
 
     A directory's mtime is left out: it moves when a program makes and deletes a temporary file
     in it (apt-key does in /etc/apt), and the entries themselves are all compared anyway.
-    find(1) walks the ~60,000 paths of a set-up root in a fifth of a second; os.walk and lstat
-    took a second or more of CPU per look, and the module looks 16 times.
+    find(1) walked 51,000 paths in 0.16 s of CPU where os.walk and lstat took 0.75 s, and the
+    module looks 16 times. It runs in root, so that the prune patterns are relative: a `-path`
+    pattern reads [ * ? in the root's own path as wildcards.
     """
     prune: list[str] = []
     for rel in UNTRACKED:
-        prune += ["-path", str(root / rel), "-prune", "-o"]
+        prune += ["-path", f"./{rel}", "-prune", "-o"]
     out = subprocess.run(
-        ["find", str(root), "-mindepth", "1", *prune,
+        ["find", ".", "-mindepth", "1", *prune,
          "-printf", r"%P\0%y\0%m\0%U\0%G\0%s\0%T@\0%l\0"],
-        stdin=subprocess.DEVNULL, capture_output=True, check=True).stdout
+        cwd=root, stdin=subprocess.DEVNULL, capture_output=True, check=True).stdout
     fields = out.decode("utf-8", "surrogateescape").split("\0")[:-1]
     state: dict[str, tuple] = {}
     for i in range(0, len(fields), 8):
