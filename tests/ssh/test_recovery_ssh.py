@@ -33,10 +33,11 @@ def lab_agent_pid(lab, host: str, run_id: str) -> int | None:
 
 def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tmp_path):
     # A checkpoint every 10 steps: the agent is killed after the first (step ~10), the rank
-    # stopped after the first one since that resume (step ~20-30), which leaves ~90 steps of
-    # margin before the end (about 4 s, where the test looks every 0.2 s). 240 steps with one
-    # every 30 trained 180 steps after the stop that nothing here reads.
-    recipe = write_recipe(tmp_path, train={"steps": 120, "log_every": 20},
+    # stopped after the first one since that resume (step ~20-30), which leaves ~130 steps
+    # (~6 s) for the test's looks over the lab's SSH between that checkpoint and the stop,
+    # on a busy machine; 90 (~4 s) was thin. 240 steps with one every 30 trained 180 steps
+    # after the stop that nothing here reads.
+    recipe = write_recipe(tmp_path, train={"steps": 160, "log_every": 20},
                           checkpoint={"every_steps": 10, "keep": 2})
     run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
                          "--run-id", "ssh-rec", "--rdzv-port", "29631", "--max-restarts", "2",
@@ -70,7 +71,7 @@ def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tm
     assert code == 0, out[-4000:]
     run_dir = tmp_path / "runs" / "ssh-rec"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "succeeded" and summary["steps"] == 120
+    assert summary["status"] == "succeeded" and summary["steps"] == 160
     node, hang = summary["restarts"]
     assert (node["node"], node["kind"]) == ("host1", "node")
     assert node["resumed_from_step"] > 0
@@ -86,6 +87,6 @@ def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tm
         assert (run_dir / dump).stat().st_mtime - stopped_at <= 10 + 15
     assert "stopped (T)" in out and "node host1" in out
     # The checkpoints were on the head's disk and came back with its folder.
-    assert files.latest(run_dir / "host0" / files.CHECKPOINT_DIR).step == 120
+    assert files.latest(run_dir / "host0" / files.CHECKPOINT_DIR).step == 160
     assert run_env_pids(lab, "host0", "ssh-rec") == [] == run_env_pids(lab, "host1", "ssh-rec")
     assert only_sshd_left(lab) == {}
