@@ -254,8 +254,8 @@ def test_stacks_come_from_faulthandler_where_py_spy_is_missing(tmp_path):
         from launch_node.heartbeat import Heartbeat
         Heartbeat({str(out_dir)!r})
         def waiting_somewhere():
-            while True:
-                time.sleep(0.05)
+            while True:   # one long sleep: asleep (S) whenever the probe looks, even on a
+                time.sleep(3600)   # busy machine (a 0.05 s loop was once caught running, R)
         print("ready", flush=True)
         waiting_somewhere()
     """)
