@@ -17,6 +17,10 @@ from launcher.core.errors import LauncherError
 
 COMMANDS = [
     "run",
+    "attach",
+    "logs",
+    "stop",
+    "fetch",
     "runs",
     "recipes",
     "init",

@@ -1,40 +1,73 @@
-"""Where to run, decided once for every command that runs on nodes (run, bench, topo, check):
-a Where (launcher/commands/where.py reads it from the command line) names a backend.
+"""Where to run, decided once for every command that runs on nodes (run, bench, topo, check,
+attach, logs, stop), from one table: each backend's options module (cheap to import: its flags
+as data, which of them select it, its settings) names the backend and makes it.
 
-    an inventory or a cluster   its hosts over SSH           (backends/ssh/)
-    slurm                       a Slurm allocation            (backends/slurm/)
-    none of these               this machine                  (backends/local/)
+    -i INVENTORY / --cluster NAME   its hosts over SSH           (backends/ssh/)
+    --slurm                         a Slurm allocation            (backends/slurm/)
+    --local, or none of these       this machine                  (backends/local/)
+
+A controller (a detached run's pipeline, launcher/pipeline/controller.py) makes its backend
+again from the name and settings the client wrote into request.json: `backend_named`.
+docs/backends.md says how to add one.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.backends.slurm.flags import SLURM_FLAGS
-from launcher.cluster.ssh_options import SshOptions
+from launcher.backends.local import options as local_options
+from launcher.backends.slurm import options as slurm_options
+from launcher.backends.ssh import options as ssh_options
 from launcher.core.errors import LauncherError
-from launcher.execute.backend import (Backend, GroupResult, LaunchOptions, NodeResult, Recover,
-                                      print_plan)
+from launcher.execute.backend import Backend, GroupResult, NodeResult, print_plan
 
-__all__ = ["Backend", "GroupResult", "LaunchOptions", "NodeResult", "Recover", "SshOptions",
-           "Where", "backend_for", "print_plan"]
+__all__ = ["Backend", "GroupResult", "NodeResult", "TABLE", "Where", "backend_for",
+           "backend_named", "print_plan"]
+
+# In the order they are asked whether the command line selects them; the last is the default.
+TABLE = (slurm_options, ssh_options, local_options)
 
 
 @dataclass(frozen=True)
 class Where:
-    """Where nodes run, as the command line said it."""
+    """Where nodes run, as the command line said it: a backend's name and its settings (a
+    plain dict: what its options module made of its own flags)."""
 
-    local: bool = False            # this machine, asked for explicitly
-    inventory: str | None = None
-    cluster: str | None = None     # the inventory `launch provision --cluster NAME` wrote
-    slurm: bool = False
-    limit: str | None = None       # an Ansible host pattern over the inventory's hosts
-    ssh: SshOptions = field(default_factory=SshOptions)
-    # Slurm settings given on the command line, by the recipe key (slurm.*) they override.
-    slurm_flags: dict[str, Any] = field(default_factory=dict)
+    name: str = local_options.NAME
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "settings": self.settings}
+
+
+def options_of(name: str):
+    for entry in TABLE:
+        if entry.NAME == name:
+            return entry
+    raise LauncherError(f"no backend called {name!r} (backends: "
+                        f"{', '.join(e.NAME for e in TABLE)})")
+
+
+def where_from_values(values: dict[str, Any]) -> Where:
+    """The backend the flags select, its settings from its own flags; a backend's flag given
+    without that backend is refused, naming both."""
+    chosen = next((entry for entry in TABLE if entry.selected(values)), TABLE[-1])
+    for entry in TABLE:
+        if entry is chosen:
+            continue
+        stray = [flag.shown for flag in entry.FLAGS
+                 if values.get(flag.dest) not in (None, False, [])
+                 and flag not in chosen.FLAGS]
+        if stray:
+            selector = " or ".join(f.shown for f in entry.SELECT)
+            raise LauncherError(f"{', '.join(stray)}: {'these go' if len(stray) > 1 else 'it goes'}"
+                                f" with {selector} ({entry.NAME}), not with "
+                                f"{chosen.NAME}")
+    return Where(chosen.NAME, chosen.settings(values))
 
 
 def _stderr(text: str) -> None:
@@ -44,35 +77,16 @@ def _stderr(text: str) -> None:
 def backend_for(where: Where, local_count: int, say: Callable[[str], None] = _stderr) -> Backend:
     """The backend `where` names. Without an inventory, a cluster or Slurm the run stays on
     this machine, and `say` tells so in one line (on stderr, so that --json output stays
-    clean) unless `local` asked for it; `local_count` is the number of nodes it announces."""
-    if where.slurm:
-        from launcher.backends.slurm.backend import SlurmBackend
-
-        if where.limit:
-            raise LauncherError("--limit selects hosts of an inventory; with --slurm, Slurm "
-                                "picks the nodes (narrow them with --partition or "
-                                "--sbatch-arg=--nodelist=...)")
-        return SlurmBackend(where.slurm_flags)
-    given = [SLURM_FLAGS[key] for key, value in where.slurm_flags.items()
-             if value not in (None, [])]
-    if given:
-        raise LauncherError(f"{', '.join(given)}: Slurm options go with --slurm")
-    inventory = where.inventory
-    if where.cluster:
-        from launcher.core.home import inventory_for
-
-        inventory = str(inventory_for(where.cluster))
-    if inventory:
-        from launcher.backends.ssh.backend import SshBackend
-
-        return SshBackend(inventory, where.ssh, limit=where.limit)
-    if where.limit:
-        raise LauncherError("--limit selects hosts of an inventory: give it with -i or --cluster")
-    from launcher.backends.local.backend import LocalBackend
-
-    backend = LocalBackend()
-    if not where.local:
+    clean) unless it was asked for; `local_count` is the number of nodes it announces."""
+    if where.name == local_options.NAME and not where.settings.get("explicit"):
         say(f"launch: no inventory given: {local_count} node{'s' if local_count != 1 else ''} "
             "on this machine (-i INVENTORY or --cluster NAME runs on hosts over SSH, --slurm "
             "on a Slurm cluster)")
-    return backend
+    return backend_named(where.name, where.settings)
+
+
+def backend_named(name: str, settings: dict[str, Any]) -> Backend:
+    """The backend called `name`, made from its settings (its class's from_settings); its
+    module is imported only now (paramiko, fabric: not for a command that never connects)."""
+    module, _, cls = options_of(name).BACKEND.partition(":")
+    return getattr(importlib.import_module(module), cls).from_settings(settings)

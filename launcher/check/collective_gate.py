@@ -1,27 +1,22 @@
-"""The collective gate: one short job (launch_bench/bench.py --gate, started through the backend's own
-launch path like `launch bench`) that all-reduces over all nodes and, when that is under the
-floor or there is no floor, over pairs of nodes until the slow one is named (launch_bench/gate.py,
-launch_bench/gatesearch.py). Its verdict, and the transport each node's NCCL used against the one its
-instance type should use (EFA or sockets, from the run report), become two columns of the
-`launch check` table; `launch run --gate` refuses to start on a failed gate.
+"""The collective gate's job and verdict: one short job (launch_bench/bench.py --gate, started
+through the same pipeline as any run: launcher/pipeline/gate.py) that all-reduces over all nodes
+and, when that is under the floor or there is no floor, over pairs of nodes until the slow one
+is named (launch_bench/gate.py, launch_bench/gatesearch.py). Its verdict, and the transport each
+node's NCCL used against the one its instance type should use (EFA or sockets, from the run
+report), become two columns of the `launch check` table; `launch run --gate` refuses to start on
+a failed gate.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from launcher.check.health import FAIL, OK, SKIP, WARN, Check
-from launcher.cluster.inventory import Node
-from launcher.core.errors import LauncherError, RunFailed
-from launcher.execute.backend import Backend, LaunchOptions, Program
+from launcher.core.errors import LauncherError
 from launcher.job.recipe import Recipe, recipe_from_mapping
-from launcher.job.runplan import Placement
+from launcher.job.spec import Job, workload
 
 # One size, large enough to reach a link's plateau: NVLink/EFA flatten out from a few hundred
 # MiB; gloo on CPU moves ~0.2 GB/s on this kind of box, where 1 MiB already is bandwidth-bound
@@ -120,16 +115,14 @@ def _size(size: int | None) -> str:
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} B"
 
 
-def gate_program(size: int, floor_gbs: float | None):
-    def program(place: Placement) -> list[str]:
-        argv = [f"{place.code_dir}/launch_bench/bench.py", "--gate", "--op", "all_reduce",
-                "--sizes", str(size), "--warmup-iters", str(WARMUP_ITERS),
-                "--iters", str(ITERS), "--no-check", "--timeout", f"{COLLECTIVE_TIMEOUT_S:g}",
-                "--out-dir", place.run_dir]
-        if floor_gbs is not None:
-            argv += ["--floor-gbs", repr(floor_gbs)]
-        return argv
-    return program
+def gate_job(size: int, floor_gbs: float | None) -> Job:
+    """launch_bench/bench.py --gate as the job torchrun starts on every node."""
+    args = ["--gate", "--op", "all_reduce", "--sizes", str(size), "--warmup-iters",
+            str(WARMUP_ITERS), "--iters", str(ITERS), "--no-check", "--timeout",
+            f"{COLLECTIVE_TIMEOUT_S:g}"]
+    if floor_gbs is not None:
+        args += ["--floor-gbs", repr(floor_gbs)]
+    return workload("launch_bench/bench.py", *args)
 
 
 def gate_recipe(count: int, base: Recipe | None, local: bool) -> Recipe:
@@ -145,7 +138,7 @@ def gate_recipe(count: int, base: Recipe | None, local: bool) -> Recipe:
     return recipe_from_mapping(data, base.source if base else "<launch gate>")
 
 
-class _GateDisplay:
+class GateDisplay:
     """The gate job's lines stay in its node logs; rank 0's `gate:` lines are shown."""
 
     def __init__(self, stream: TextIO):
@@ -201,100 +194,3 @@ def transport_checks(run_dir: Path, nodes: list[str]) -> dict[str, Check]:
             out[name] = Check("transport", OK, f"NCCL network {nccl.get('network') or '?'} "
                                                f"({', '.join(nccl.get('transports') or {}) or 'one node'})")
     return out
-
-
-def _gate_job(backend: Backend, nodes: list[Node], floor_gbs: float | None,
-              base: Recipe | None) -> tuple[Recipe, Program]:
-    size = GATE_BYTES_GPU if any(backend.gpus(nodes)) else GATE_BYTES_CPU
-    return (gate_recipe(len(nodes), base, local=backend.kind == "local"),
-            gate_program(size, floor_gbs))
-
-
-def plan_gate(backend: Backend, nodes: list[Node], *, run_id: str, runs_dir: str,
-              floor_gbs: float | None, rdzv_port: int | None = None):
-    """The gate job's plan, as `run_gate` would start it (for --dry-run; starts nothing)."""
-    recipe, program = _gate_job(backend, nodes, floor_gbs, None)
-    return backend.plan(recipe, nodes, run_id, runs_dir=runs_dir, program=program,
-                        rdzv_port=rdzv_port)
-
-
-def run_gate(backend: Backend, nodes: list[Node], *, run_id: str, runs_dir: str,
-             floor_gbs: float | None, base: Recipe | None = None, grace_s: float = 5.0,
-             rdzv_port: int | None = None, stream: TextIO | None = None) -> GateResult:
-    """Start the gate job on `nodes` and read its verdict. A job that fails is a failed gate
-    (the reason kept), never an exception, unless the gate could not even be planned."""
-    stream = stream or sys.stdout
-    names = [n.name for n in nodes]
-    recipe, program = _gate_job(backend, nodes, floor_gbs, base)
-    run_dir = Path(runs_dir).resolve() / run_id
-    options = LaunchOptions(runs_dir, grace_s, display=_GateDisplay(stream))
-    failure = None
-    # The job's own report and messages go to its run folder, not between the table's lines.
-    with contextlib.redirect_stdout(io.StringIO()):
-        try:
-            backend.launch(recipe, nodes, run_id, options, program=program,
-                           rdzv_port=rdzv_port)
-        except RunFailed as err:
-            failure = str(err).splitlines()[0]
-    result = GateResult(run_dir, names, failure=failure)
-    if failure is None:
-        for name in names:
-            path = run_dir / name / RESULTS_FILE
-            if path.exists():
-                result.results = json.loads(path.read_text())
-                break
-        if result.results is None:
-            result.failure = f"no node folder in {run_dir} holds {RESULTS_FILE}"
-    if run_dir.exists():
-        result.transports = transport_checks(run_dir, names)
-        (run_dir / "gate.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    return result
-
-
-def gate_before_run(backend: Backend, recipe: Recipe, nodes: list[Node], *, run_id: str,
-                    runs_dir: str, exclude_bad: bool, grace_s: float = 5.0,
-                    rdzv_port: int | None = None, stream: TextIO | None = None) -> list[Node]:
-    """`launch run --gate`: the nodes the run may use, or GateRefused naming the bad ones.
-    With `exclude_bad` the gate measures every host the backend has (spares included) and the
-    run takes the first healthy ones."""
-    stream = stream or sys.stdout
-    count = len(nodes)
-    candidates = nodes
-    if exclude_bad and backend.kind != "local":
-        candidates = backend.nodes(None)
-    floor = recipe.gate.min_busbw_gbs
-    say = (lambda text: print(f"launch: {text}", file=stream, flush=True))
-    say(f"gate: measuring {len(candidates)} node(s) before the run "
-        + (f"(floor {floor:g} GB/s, recipe gate.min_busbw_gbs)" if floor is not None
-           else "(no gate.min_busbw_gbs: each node against the others)"))
-    result = run_gate(backend, candidates, run_id=f"{run_id}-gate", runs_dir=runs_dir,
-                      floor_gbs=floor, base=recipe, grace_s=grace_s, rdzv_port=rdzv_port,
-                      stream=stream)
-    if result.failure is not None:
-        raise GateRefused(f"the collective gate could not run: {result.failure}; nothing was "
-                          f"started (gate logs in {result.run_dir})")
-    checks = {**result.busbw_checks()}
-    if result.passed:
-        say(f"gate: passed on {', '.join(result.nodes)}")
-        return nodes
-    evidence = []
-    for name in result.bad:
-        for check in (checks.get(name), result.transports.get(name)):
-            if check is not None and check.status == FAIL:
-                evidence.append(f"  {name}: {check.name}: {check.evidence}")
-    named = ", ".join(result.bad)
-    if not exclude_bad:
-        raise GateRefused(f"the collective gate names {named}; nothing was started:\n"
-                          + "\n".join(evidence) + "\nfix the node, leave it out (--limit), or "
-                          "pass --exclude-bad with spare hosts in the inventory "
-                          f"(gate logs in {result.run_dir})")
-    good = [n for n in candidates if n.name not in result.bad]
-    if len(good) < count:
-        raise GateRefused(f"the collective gate names {named} and leaves {len(good)} healthy "
-                          f"host(s) ({', '.join(n.name for n in good) or 'none'}); the run needs "
-                          f"{count}: nothing was started\n" + "\n".join(evidence))
-    chosen = good[:count]
-    say(f"gate: leaving out {named}; the run uses {', '.join(n.name for n in chosen)}")
-    for line in evidence:
-        say(f"gate: {line.strip()}")
-    return chosen

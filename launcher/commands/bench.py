@@ -9,18 +9,14 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.backends import LaunchOptions, backend_for, print_plan
+from launcher.backends import backend_for, print_plan
 from launcher.cluster.inventory import Node
 from launcher.commands.common import grace_seconds
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.core.errors import LauncherError, RunFailed
-from launcher.job.recipe import Recipe, recipe_from_mapping
 from launcher.nccl import sweep
-from launcher.nccl.compare import bench_verdict
-from launcher.nccl.links import facts, link_peak
-from launcher.nccl.nccl_tests import parse_nccl_tests
-from launcher.nccl.plot import plot_bandwidth
-from launcher.report.build import write_run_report
+from launcher.pipeline.bench import bench_request, finish, finish_sweep, instance_type_of
+from launcher.pipeline.run import run
 from launcher.runs.folder import RunFolder, check_run_id, new_run_id
 
 HELP = """\
@@ -77,14 +73,6 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def bench_recipe(count: int, local: bool) -> Recipe:
-    """The launch path needs a recipe for rendezvous, env and processes per node; a bench has
-    no training, so `train` is a placeholder the program never reads."""
-    timeout = {"timeout": 60} if local else {}  # a local rendezvous forms in seconds
-    return recipe_from_mapping({"name": "bench", "nodes": count, "rendezvous": timeout,
-                                "train": {"steps": 1}}, "<launch bench>")
-
-
 def _sizes(args, gpus_per_node: Callable[[], list[int]]) -> tuple[int, int]:
     """--min/--max-bytes; the GPU count (torch import, SSH facts) only when --max-bytes is
     not given, so that a wrong size is reported at once."""
@@ -106,103 +94,32 @@ def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
     run_id = check_run_id(args.run_id) if args.run_id else new_run_id(f"bench-{args.op}")
-    local_nccl_tests = args.nccl_tests and not (args.inventory or args.cluster or args.slurm)
+    backend = backend_for(where_from_args(args), 1 if args.nccl_tests else args.nodes or 2)
     # nccl-tests on this machine is one process driving all its GPUs: one node.
-    count = 1 if local_nccl_tests else args.nodes
-    backend = backend_for(where_from_args(args), count or 2)
+    count = 1 if args.nccl_tests and backend.capabilities.one_machine else args.nodes
     nodes = backend.nodes(count)
     if args.nccl_tests:
-        if backend.kind == "slurm":
-            raise LauncherError("--nccl-tests runs over SSH or on this machine; on Slurm, "
-                                "measure with the torch.distributed sweep (drop --nccl-tests) "
-                                "or srun the nccl-tests binary yourself")
+        support = backend.capabilities.support("nccl-tests")
+        if not support.ok:
+            raise LauncherError(f"--nccl-tests: {support.why}")
         return bench_nccl_tests(args, backend, nodes, run_id)
     return bench_sweep(args, backend, nodes, run_id)
 
 
-def _instance_type(nodes: list[Node]) -> str | None:
-    """The peak line needs one type; mixed nodes get none rather than a wrong one."""
-    types = {n.instance_type for n in nodes}
-    return types.pop() if len(types) == 1 else None
-
-
-def _gpus(node: Node) -> int:
-    if node.gpus is not None:
-        return node.gpus
-    row = facts(node.instance_type)
-    return row.gpu_count if row else 0
-
-
 def bench_sweep(args, backend, nodes: list[Node], run_id: str) -> int:
-    """launch_bench/bench.py on every node through the backend's launch path, as `launch run`."""
+    """launch_bench/bench.py on every node through the same pipeline as `launch run`."""
     low, high = _sizes(args, lambda: backend.gpus(nodes))
-    program = sweep.bench_program(args.op, sweep.sweep_sizes(low, high), args.dtype,
-                                  args.warmup_iters, args.iters)
-    recipe = bench_recipe(len(nodes), local=backend.kind == "local")
+    request = bench_request(backend, len(nodes), run_id, args.runs_dir, args.grace, op=args.op,
+                            sizes=sweep.sweep_sizes(low, high), dtype=args.dtype,
+                            warmup_iters=args.warmup_iters, iters=args.iters)
     if args.dry_run:
-        print_plan(backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir, program=program),
-                   args.json)
+        print_plan(backend.plan(request, nodes), args.json)
         return 0
-    summary = backend.launch(recipe, nodes, run_id, LaunchOptions(args.runs_dir, args.grace),
-                             program=program)
+    summary = run(backend, request)
     # The nodes that ran, as the run names them (Slurm's only once it has placed the job).
     return finish_sweep(Path(args.runs_dir).resolve() / run_id,
                         [n["name"] for n in summary["nodes"]], summary["nproc_per_node"],
-                        args.instance_type or _instance_type(nodes))
-
-
-def bench_before_run(backend, nodes: list[Node], run_id: str, runs_dir: str,
-                     grace: float) -> int:
-    """`launch run --bench`: the default all-reduce sweep on the run's nodes, in a run folder
-    of its own beside the run's (RUN_ID-bench), whose bandwidth.json the run's report quotes."""
-    args = argparse.Namespace(op="all_reduce", min_bytes=str(sweep.DEFAULT_MIN_BYTES),
-                              max_bytes=None, dtype="float", warmup_iters=sweep.WARMUP_ITERS,
-                              iters=sweep.ITERS, instance_type=None, runs_dir=runs_dir,
-                              grace=grace, dry_run=False, json=False)
-    return bench_sweep(args, backend, nodes, check_run_id(f"{run_id[:120]}-bench"))
-
-
-def finish_sweep(run_dir: Path, names: list[str], nproc: int, instance_type: str | None) -> int:
-    """The sweep's results (rank 0's node folder) as nccl-tests' table, then `finish`."""
-    results = sweep.load_results(sweep.find_results(run_dir, names))
-    comment = (f"launch bench: torch.distributed {results['op']}, backend "
-               f"{results['backend']}, {len(names)} node(s) x {nproc} rank(s), torch "
-               f"{results.get('torch')}")
-    return finish(run_dir, sweep.results_table(results, comment),
-                  source="launch bench (torch.distributed)", backend=results["backend"],
-                  dtype=results["dtype"], nnodes=len(names), instance_type=instance_type)
-
-
-def finish(run_dir: Path, text: str, *, source: str, backend: str | None, dtype: str,
-           nnodes: int, instance_type: str | None) -> int:
-    """Print the table (nccl-tests' layout); write bandwidth.txt/.json/.png; refresh the
-    report so that it quotes them."""
-    print(text, end="", flush=True)
-    table_path = run_dir / "bandwidth.txt"
-    table_path.write_text(text)
-    run = parse_nccl_tests(text, str(table_path))
-    peak = link_peak(instance_type, nnodes)
-    doc = sweep.bandwidth_document(run, source=source, run_id=run_dir.name, nnodes=nnodes,
-                                   instance_type=instance_type, peak=peak, backend=backend,
-                                   dtype=dtype)
-    RunFolder(run_dir).write_json("bandwidth.json", doc)
-    where = f"{nnodes} node(s), {backend or 'NCCL'}"
-    plot_bandwidth(run, run_dir / "bandwidth.png", peak=peak,
-                   title=f"{run.collective} bus bandwidth, {where} ({run_dir.name})")
-    try:
-        write_run_report(run_dir)
-    except Exception as err:  # noqa: BLE001 (the measurement stands without its report)
-        print(f"launch: warning: no run report ({type(err).__name__}: {err})")
-    if doc["peak_busbw"] is None:
-        print("launch: the table holds no bus bandwidth (every time was N/A)")
-    else:
-        print("launch: " + bench_verdict(run, nnodes=nnodes, instance_type=instance_type,
-                                         peak=peak))
-    print(f"launch: bandwidth.txt, bandwidth.json, bandwidth.png and report.md in {run_dir}")
-    if run.wrong_total:
-        raise RunFailed(f"{run.wrong_total} wrong elements: the collective returned corrupt "
-                        f"data; the timings in {run_dir} are not to be trusted")
-    return 0
+                        args.instance_type or instance_type_of(nodes))
 
 
 # ----------------------------------------------------------------------------- nccl-tests
@@ -236,7 +153,7 @@ def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
         sweep.hostfile_text([n.private_address for n in nodes], gpus), hostfile,
         sweep.mpirun_argv(sweep.mpi_prefix(node_env), hostfile, len(nodes), gpus,
                           {"NCCL_DEBUG": "INFO", **node_env}, test))
-    where = "this machine" if backend.kind == "local" else f"{head.name} ({head.address})"
+    where = backend.where_nodes([head])
     if args.dry_run:
         note = (f"\n  (and -x KEY=VALUE for each setting in {head.env_file} on {head.name}, "
                 "whose FI_PROVIDER=efa also selects the EFA installer's Open MPI)"
@@ -261,7 +178,7 @@ def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
     # On this machine NCCL's debug lines go to files, as in `launch run`, so the table stays
     # clean and the run report reads the transports.
     env = ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{node_dir}/nccl-debug.%h.%p.log"}
-           if backend.kind == "local" else {})
+           if backend.capabilities.shared_files else {})
     folder.write_json("plan.json", {
         "run_id": run_id, "nnodes": len(nodes), "world_size": len(nodes) * gpus,
         "nodes": [{"name": n.name, "gpus": n.gpus, "argv": argv if n is head else [],
@@ -281,4 +198,4 @@ def bench_nccl_tests(args, backend, nodes: list[Node], run_id: str) -> int:
                         f"lines:\n{tail}\nfull output in {node_dir / 'node.log'}")
     return finish(folder.root, result.stdout, source="nccl-tests", backend="nccl",
                   dtype=args.dtype, nnodes=len(nodes),
-                  instance_type=args.instance_type or _instance_type(nodes))
+                  instance_type=args.instance_type or instance_type_of(nodes))

@@ -14,7 +14,7 @@ from launcher.check.health import GIB
 from launcher.check.probe import PROBE_TIMEOUT_S, check_nodes
 from launcher.check.verdict_table import render, summary, to_json
 from launcher.cluster.inventory import Node
-from launcher.commands.common import port_number, where_nodes
+from launcher.commands.common import port_number
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.core.errors import LauncherError
 from launcher.runs.folder import check_run_id, new_run_id
@@ -101,7 +101,8 @@ def main(args) -> int:
                             f"{args.min_free_gb}")
     backend = backend_for(where_from_args(args), 1, say=lambda text: print(text, file=sys.stderr))
     # This machine answers once, whatever the number of local node agents.
-    nodes = [_local_node(args)] if backend.kind == "local" else backend.nodes(args.nodes)
+    nodes = [_local_node(args)] if backend.capabilities.one_machine \
+        else backend.nodes(args.nodes)
     if args.dry_run:
         return dry_run(args, backend, nodes)
     out = sys.stderr if args.json else sys.stdout
@@ -109,18 +110,20 @@ def main(args) -> int:
     table = [(row.node.name, row.checks) for row in rows]
     gate = None
     if args.collective:
-        from launcher.check.collective_gate import run_gate
+        from launcher.pipeline.gate import run_gate
+        from launcher.pipeline.run import start_anywhere
 
         gate_nodes = _gate_nodes(args, backend)
         reachable = {row.node.name for row in rows if "reach" not in row.failed}
-        if backend.kind != "local":
+        if not backend.capabilities.one_machine:
             gate_nodes = [n for n in gate_nodes if n.name in reachable]
         if _gate_runs(backend, gate_nodes):
             gate = run_gate(backend, gate_nodes, run_id=check_run_id(new_run_id("gate")),
                             runs_dir=args.runs_dir, floor_gbs=args.min_busbw,
-                            rdzv_port=args.rdzv_port, stream=out)
+                            rdzv_port=args.rdzv_port, stream=out,
+                            start=start_anywhere(backend))
             busbw, transport = gate.busbw_checks(), gate.transports
-            if backend.kind == "local":   # one row for this machine: its agents' worst
+            if backend.capabilities.one_machine:   # one row for this machine: its agents' worst
                 busbw = {"local": _worst(busbw.values())} if busbw else {}
                 transport = {"local": _worst(transport.values())} if transport else {}
             for host, checks in table:
@@ -144,19 +147,19 @@ def main(args) -> int:
 
 
 def _gate_nodes(args, backend) -> list[Node]:
-    return backend.nodes(args.nodes) if backend.kind != "local" else \
-        backend.nodes(args.nodes or 2)
+    return backend.nodes(args.nodes or 2) if backend.capabilities.one_machine else \
+        backend.nodes(args.nodes)
 
 
 def _gate_runs(backend, nodes: list[Node]) -> bool:
-    return len(nodes) >= 2 or backend.kind == "local"
+    return len(nodes) >= 2 or backend.capabilities.one_machine
 
 
 def dry_run(args, backend, nodes: list[Node]) -> int:
     """What a real check would do: the probe on each node, then the gate job's plan."""
     gate = None
     if args.collective:
-        from launcher.check.collective_gate import plan_gate
+        from launcher.pipeline.gate import plan_gate
 
         gate_nodes = _gate_nodes(args, backend)
         if _gate_runs(backend, gate_nodes):
@@ -169,7 +172,7 @@ def dry_run(args, backend, nodes: list[Node]) -> int:
                           "gate": json.loads(gate.dumps()) if gate else None}, indent=2))
         return 0
     print(f"launch check: would run launcher/check/ask_node.py with each node's python on "
-          f"{where_nodes(backend, nodes)}, at most {PROBE_TIMEOUT_S:g} s each")
+          f"{backend.where_nodes(nodes)}, at most {PROBE_TIMEOUT_S:g} s each")
     if gate is not None:
         print("then, with the nodes that answer, the collective gate:")
         print_plan(gate, False)

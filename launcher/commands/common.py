@@ -75,12 +75,3 @@ def aws_command(handler):
                            "AWS_ENDPOINT_URL or a proxy pointing somewhere else?") from err
 
     return run
-
-
-def where_nodes(backend, nodes) -> str:
-    """For --dry-run lines: the nodes a command would reach, as people name them."""
-    if backend.kind == "local":
-        return "this machine"
-    if backend.kind == "slurm":
-        return backend.describe(len(nodes))
-    return ", ".join(f"{n.name} ({n.address})" for n in nodes)

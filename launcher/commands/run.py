@@ -9,12 +9,13 @@ import sys
 
 from pathlib import Path
 
-from launcher.backends import LaunchOptions, Recover, backend_for, print_plan
+from launcher.backends import backend_for, print_plan
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.commands.common import (byte_size, grace_seconds, hang_seconds, nproc_count,
                                       port_number, recover_count, recover_seconds,
                                       restart_count)
 from launcher.core.errors import LauncherError
+from launcher.job.request import Recover, RunRequest
 from launcher.job.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
 from launcher.job.spec import check_target, job_of, script_recipe
 from launcher.runs.folder import check_run_id, new_run_id
@@ -95,6 +96,11 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue a failed or interrupted run from its last checkpoint, in its "
                         "run folder (a new attempt; earlier logs are kept)")
+    p.add_argument("--detach", action="store_true",
+                   help="hand the run to a controller where it lives (the head node, the "
+                        "inventory's controller host, the Slurm job, or a session of its own "
+                        "here) and return with its id: `launch attach RUN_ID` follows it, "
+                        "`launch logs`, `launch stop` (docs/run.md#detached-runs)")
     # What follows `--` on the command line: the script's or module's own arguments, taken
     # off before argparse reads the rest (launcher/cli.py).
     p.set_defaults(func=main, job_args=[])
@@ -160,15 +166,6 @@ def scan(job, limit: int, runs_dir: str):
     return manifest
 
 
-def recover_policy(args, kind: str) -> Recover | None:
-    if args.recover is None:
-        return None
-    if kind != "ssh":
-        raise LauncherError("--recover replaces a lost machine: it goes with --cluster NAME or "
-                            "an inventory (-i) that `launch provision` or `launch lab up` wrote")
-    return Recover(args.recover, args.recover_timeout)
-
-
 def main(args) -> int:
     if args.json and not args.dry_run:
         raise LauncherError("--json prints the plan and goes with --dry-run")
@@ -208,19 +205,26 @@ def main(args) -> int:
     if count < 1:
         raise LauncherError(f"--nodes must be at least 1, got {count}")
     backend = backend_for(where_from_args(args), count)
-    recover = recover_policy(args, backend.kind)
+    request = RunRequest(recipe, run_id, count, job=job, workdir=manifest,
+                         runs_dir=args.runs_dir, grace_s=args.grace, rdzv_port=args.rdzv_port,
+                         resume=point is not None,
+                         recover=Recover(args.recover, args.recover_timeout)
+                         if args.recover is not None else None,
+                         gate=args.gate, exclude_bad=args.exclude_bad, bench=args.bench,
+                         detach=args.detach)
+    from launcher.pipeline.run import check_supported
+
+    check_supported(backend, request, args.detach)
     nodes = backend.nodes(count)
-    # A real run plans inside backend.launch (over SSH after preflight, which reports every
-    # host's problems at once); a dry run and a resume check need the plan now.
-    plan = backend.plan(recipe, nodes, run_id, runs_dir=args.runs_dir,
-                        rdzv_port=args.rdzv_port, job=job, workdir=manifest) \
-        if args.dry_run or point else None
+    # A real run plans in its pipeline (over SSH after preflight, which reports every host's
+    # problems at once); a dry run and a resume check need the plan now.
+    plan = backend.plan(request, nodes) if args.dry_run or point else None
     if point is not None:
         from launcher.runs.resume import check_resume
 
         notes = check_resume(point, recipe, [n.name for n in nodes], plan.world_size,
-                             checkpoint_must_be_here=backend.kind == "local",
-                             placed_later=backend.kind == "slurm")
+                             checkpoint_must_be_here=backend.capabilities.one_machine,
+                             placed_later=backend.capabilities.placed_later)
         for note in notes:
             print(f"launch: {note}", file=sys.stderr)
     if args.dry_run:
@@ -232,24 +236,18 @@ def main(args) -> int:
                   f"{', '.join(n.name for n in nodes)}"
                   + (" and the inventory's spare hosts" if args.exclude_bad else ""),
                   file=sys.stderr)
+        if args.detach or not backend.capabilities.attached_here:
+            from launcher.pipeline.handover import describe_hand_over
+
+            for line in describe_hand_over(backend, request, nodes):
+                print(f"launch: {line}", file=sys.stderr)
         print_plan(plan, args.json)
         return 0
     from launcher.runs.leftovers import abandoned_warnings
 
     for warning in abandoned_warnings(args.runs_dir):
         print(f"launch: warning: {warning}", file=sys.stderr)
-    if args.gate:
-        from launcher.check.collective_gate import gate_before_run
+    from launcher.pipeline.run import run
 
-        nodes = gate_before_run(backend, recipe, nodes, run_id=run_id, runs_dir=args.runs_dir,
-                                exclude_bad=args.exclude_bad, grace_s=args.grace,
-                                rdzv_port=args.rdzv_port)
-    if args.bench:
-        from launcher.commands.bench import bench_before_run
-
-        bench_before_run(backend, nodes, run_id, args.runs_dir, args.grace)
-    backend.launch(recipe, nodes, run_id,
-                   LaunchOptions(args.runs_dir, args.grace, resume=point is not None,
-                                 recover=recover),
-                   rdzv_port=args.rdzv_port, job=job, workdir=manifest)
+    run(backend, request)
     return 0

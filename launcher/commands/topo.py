@@ -9,7 +9,6 @@ import shlex
 
 from launcher.backends import NodeResult, backend_for
 from launcher.cluster.inventory import Node
-from launcher.commands.common import where_nodes
 from launcher.commands.where import add_where_arguments, where_from_args
 from launcher.nccl.topocheck import NodeOutput, check_topologies, render
 
@@ -60,11 +59,11 @@ def node_output(answer: NodeResult, instance_type: str | None) -> NodeOutput:
 def main(args) -> int:
     backend = backend_for(where_from_args(args), 1)
     # On this machine one answer covers every local node agent: ask once, as "local".
-    nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.kind == "local"
+    nodes = ([Node("local", "127.0.0.1", "127.0.0.1")] if backend.capabilities.one_machine
              else backend.nodes(args.nodes))
     if args.dry_run:
         print(f"launch topo: would run `{shlex.join(NVIDIA_SMI_TOPO)}` on "
-              f"{where_nodes(backend, nodes)}; nothing contacted (--dry-run)")
+              f"{backend.where_nodes(nodes)}; nothing contacted (--dry-run)")
         return 0
     answers = backend.run_on_all(nodes, NVIDIA_SMI_TOPO, timeout=TIMEOUT_S)
     # In the nodes' order; named as the backend answers (Slurm: the allocated nodes' names).

@@ -36,6 +36,13 @@ def code_files(root: Path) -> list[str]:
                   for p in (root / package).glob("*.py"))
 
 
+def controller_files(root: Path) -> list[str]:
+    """What a detached run's controller runs besides the node code: launch itself (its Python
+    modules; the playbooks, recipes and examples stay behind), relative to ROOT, sorted."""
+    return sorted(str(p.relative_to(root)) for p in (root / "launcher").rglob("*.py")
+                  if "playbooks" not in p.parts and "__pycache__" not in p.parts)
+
+
 def content_hash(root: Path, files: list[str]) -> str:
     digest = hashlib.sha256()
     for rel in files:
@@ -44,10 +51,10 @@ def content_hash(root: Path, files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def snapshot(root: Path, dest: Path) -> dict[str, Any]:
-    """The code copied into DEST (a run folder every node reads); its code.json record, the
-    hash taken of the copy."""
-    files = code_files(root)
+def snapshot(root: Path, dest: Path, files: list[str] | None = None) -> dict[str, Any]:
+    """The code (`files`, default the node code) copied into DEST (a run folder every node
+    reads); its code.json record, the hash taken of the copy."""
+    files = code_files(root) if files is None else files
     for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes((root / rel).read_bytes())

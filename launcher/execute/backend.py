@@ -1,28 +1,43 @@
-"""What every backend offers, and the values they exchange.
+"""What a backend is, and the values it exchanges with the pipeline.
 
-A backend owns placement (where each node's folder, interpreter, code and GPUs are) and
-execution. Commands use three things (the split torchx makes between a scheduler's dry run and
-its submit):
+A backend says where a run's nodes are and how a process is started, watched and reaped on one
+of them; the pipeline (launcher/execute/attempt.py for one attempt, launcher/pipeline/ for the
+whole run: gate, bench, attempts, machine recovery, detach) does everything else, the same for
+every backend. The verbs, after torchx's scheduler API and SkyPilot's backend:
 
-    backend.plan(recipe, nodes, run_id)     -> RunPlan     pure: what --dry-run prints
-    backend.launch(recipe, nodes, run_id)   -> summary     preflight, plan, run, collect
-    backend.run_on_all(nodes, argv)         -> GroupResult one command on every node (topo,
-                                                           check, nccl-tests): partial failure
-                                                           as data, like fabric's GroupResult
+    backend.nodes(count)                    -> [Node]       the nodes, head first
+    backend.plan(request, nodes)            -> RunPlan      pure: what --dry-run prints
+    backend.open(request, nodes, uid)       -> Session      preflight: every node reached and
+                                                            checked, code and workdir shipped
+        session.plan(request, uid, attempt) -> RunPlan      with what preflight found
+        session.process(command, stamp, label) -> NodeProcess   start / lines / poll / signal,
+                                                            and the hang watch's looks
+        session.run(command, stamp, label, line) -> code    one command to its end on its node
+                                                            (setup, the mirror's restores)
+        session.collect(plan, folder, skip)                 leftovers reaped, node folders home
+        session.close()
+    backend.run_on_all(nodes, argv)         -> GroupResult  one command on every node (check,
+                                                            topo, nccl-tests): partial failure
+                                                            as data, like fabric's GroupResult
+    backend.hand_over(request, nodes)       -> handle       a detached run: the pipeline
+                                                            started where the run lives
+    backend.home(handle)                    -> RunHome      that run's folder and controller,
+                                                            from here (attach, logs, stop)
+
+and what it can do (`capabilities`): docs/backends.md's table is made from these, and nothing
+outside launcher/backends/ asks which backend it has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
-from launcher.job.recipe import Recipe
-from launcher.job.runplan import Placement
-
-Program = Callable[[Placement], list[str]]
+from launcher.job.request import RunRequest
+from launcher.job.runplan import NodeCommand, RunPlan
 
 
 @dataclass(frozen=True)
@@ -62,53 +77,115 @@ class GroupResult:
         return iter(self.results.values())
 
 
-@dataclass(frozen=True)
-class Recover:
-    """`launch run --recover`: how many lost machines a run may replace, and how long each
-    replacement may take (launcher/backends/ssh/replace.py)."""
-
-    max_recoveries: int = 2
-    timeout_s: float = 1800.0
-
+# ---- what a backend can do -------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class LaunchOptions:
-    """How to carry out a run (not what to run): the same for every backend."""
+class Support:
+    """Whether a backend offers a feature; `why` says why not (or, for a yes, how)."""
 
-    runs_dir: str = "runs"
-    grace_s: float = 5.0
-    display: Any = None                  # launcher.report.display.*; None: chosen by the terminal
-    # Continue the run in its existing folder (a new attempt, launcher/runs/resume.py checked it).
-    resume: bool = False
-    # Replace a lost machine and go on (SSH backends whose inventory names its fleet).
-    recover: Recover | None = None
-    # Whether a node's machine is gone (why, or None): its agent is then not restarted there.
-    node_lost: Callable[[Node], str | None] | None = None
+    ok: bool
+    why: str = ""
+
+
+YES = Support(True)
+
+
+def no(why: str) -> Support:
+    return Support(False, why)
+
+
+# The features the table in docs/backends.md lists, in its order, with what each is. Every
+# backend declares each one, attached and detached (tests/run/test_architecture.py holds the
+# docs' table equal to the declarations).
+FEATURES = {
+    "restarts": "restart after a failed worker, node agent or hang (--max-restarts)",
+    "resume": "continue a stopped run in its folder (--resume)",
+    "hang watch": "a run without progress found, every rank's stack dumped, the rank named",
+    "gate": "the collective gate before the run (--gate)",
+    "stragglers": "ranks whose compute holds every step back, named in the report",
+    "report": "report.md/.json/.html of the run",
+    "checkpoint mirror": "checkpoints copied off the head as written (checkpoint.mirror)",
+    "spot notices": "EC2's interruption notice turned into a last checkpoint (spot nodes)",
+    "machine recovery": "a lost machine replaced and the run resumed (--recover)",
+    "nccl-tests": "launch bench --nccl-tests",
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does, and the facts about its nodes the pipeline plans by."""
+
+    attached: dict[str, Support]
+    detached: dict[str, Support]
+    # Where the pipeline of a detached run lives (for people: docs, --dry-run).
+    controller: str
+    # The nodes are processes of this one machine: one answer covers all of them (check,
+    # topo), the gate plans for loopback, checkpoints are on this disk.
+    one_machine: bool = False
+    # The nodes write into the run folder launch reads (this machine's disk, Slurm's shared
+    # filesystem): nothing is fetched afterwards, and nodes share one copy of the workdir.
+    shared_files: bool = False
+    # The nodes are known only once the run has them (a Slurm allocation).
+    placed_later: bool = False
+    # The pipeline runs in this process when attached (else: it is handed over and followed).
+    attached_here: bool = True
+
+    def support(self, feature: str, detached: bool = False) -> Support:
+        return (self.detached if detached else self.attached)[feature]
+
+
+class NodeProcess(Protocol):
+    """One node's process (a torchrun agent, the store, a sidecar) as the supervisor sees it."""
+
+    name: str
+
+    def start(self) -> None: ...
+    def lines(self) -> Iterator[str]: ...
+    def poll(self) -> int | None: ...
+    def signal(self, sig: int) -> None: ...
+
+
+class Session(Protocol):
+    """One attempt's hold on its nodes, from preflight to collection."""
+
+    nodes: list[Node]
+
+    def plan(self, request: RunRequest, uid: str, attempt: int) -> RunPlan: ...
+    def announce(self) -> list[str]: ...          # what preflight did, for the run's log
+    def code_record(self) -> dict | None: ...     # code.json: what every node runs
+    def process(self, command: NodeCommand, stamp: str,
+                label: str | None = None) -> NodeProcess: ...
+    def run(self, command: NodeCommand, stamp: str, label: str,
+            line: Callable[[str], None]) -> int | None: ...
+    def collect(self, plan: RunPlan, folder: Any, skip: set[str]) -> None: ...
+    def close(self) -> None: ...
+
+
+class RunHome(Protocol):
+    """A detached run's folder and controller, seen from this machine."""
+
+    where: str                                    # for people: "host0 (10.0.0.1)", "job 42"
+
+    def read(self, name: str, limit: int) -> bytes | None: ...
+    def follow(self, name: str, offset: int, done: Callable[[], bool]) -> Iterator[bytes]: ...
+    def alive(self) -> bool | None: ...           # the controller; None: cannot tell now
+    def stop(self) -> str: ...                    # asks it to stop; what was done
+    def fetch(self, dest: Any) -> int: ...        # the run folder copied into dest; files
 
 
 class Backend(Protocol):
-    kind: str          # "local" | "ssh" | "slurm"
+    name: str          # its key in launcher/backends/__init__.py's table
+    capabilities: Capabilities
 
-    def describe(self, count: int) -> str:
-        """One line for people: where `count` nodes would run."""
-
-    def nodes(self, count: int | None) -> list[Node]:
-        """The nodes of a run of `count` (None: the backend's default), head first."""
-
-    def gpus(self, nodes: list[Node]) -> list[int]:
-        """GPUs per node as far as known without starting anything (for sizes and checks)."""
-
-    def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *,
-             program: Program | None = None, rdzv_port: int | None = None) -> Any:
-        """The printable plan (RunPlan, or the backend's own with render()/to_json())."""
-
-    def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None) -> dict:
-        """Runs to the end; returns the run's summary or raises RunFailed (logs kept)."""
-
+    def describe(self, count: int) -> str: ...
+    def where_nodes(self, nodes: list[Node]) -> str: ...
+    def nodes(self, count: int | None) -> list[Node]: ...
+    def gpus(self, nodes: list[Node]) -> list[int]: ...
+    def plan(self, request: RunRequest, nodes: list[Node]) -> Any: ...
+    def open(self, request: RunRequest, nodes: list[Node], uid: str) -> Session: ...
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
-                   env: dict[str, str] | None = None) -> GroupResult:
-        """argv (with `env` added to the node's environment) on every node at once."""
+                   env: dict[str, str] | None = None) -> GroupResult: ...
+    def to_json(self) -> dict[str, Any]: ...      # how its controller makes it again
 
 
 def print_plan(plan: Any, as_json: bool) -> None:

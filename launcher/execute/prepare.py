@@ -1,21 +1,26 @@
-"""Before the job starts: the workdir shipped to every node and its setup commands run there.
+"""Before the job starts: what preflight did said in the run's log, the setup commands run on
+the nodes, and the checkpoint mirror's restores (launcher/job/mirror.py) run on theirs. The same
+for every backend: each command is run to its end on its node by the session
+(launcher/execute/backend.py Session.run).
 
 Both happen inside the run (its folder exists, its log takes their lines), so that a failing
-setup is a failed run like any other: the node is named, its last lines shown, its whole
-output kept in `<run>/<node>/setup.log` and in the node's log, and no job starts.
+setup or an unreachable mirror is a failed run like any other: the node is named, its last
+lines shown, its whole output kept (`<run>/<node>/setup.log`, the node's log), and no job
+starts.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.core.errors import LauncherError
 from launcher.core.safefile import open_append
+from launcher.job.mirror import LABEL as MIRROR_LABEL
 from launcher.job.runplan import NodeCommand, RunPlan
 from launcher.job.setup import SETUP_LOG, setup_argv, setup_key
 
@@ -23,7 +28,7 @@ SETUP_LABEL = "setup"
 
 
 class PrepareFailed(LauncherError):
-    """A node could not be prepared (workdir, setup): the run fails before its job starts."""
+    """A node could not be prepared (workdir, setup, mirror): the run fails before its job."""
 
     exit_code = 1
 
@@ -40,69 +45,44 @@ def path_with(python: str, path: str | None) -> str:
     return ":".join([folder, *[p for p in parts if p != folder]]) if folder else ":".join(parts)
 
 
-class SetupLog:
-    """One node's setup output: to its setup.log and, line by line, to the run's router."""
+class CommandLog:
+    """One node's output of a preparing command: kept (setup.log), to the run's router line by
+    line (labelled), and its last lines for the failure message."""
 
-    def __init__(self, folder_node_dir: Path, node: str, line: Callable[..., None]):
-        self.path = folder_node_dir / SETUP_LOG
-        self.node, self._line = node, line
+    def __init__(self, router, node: str, label: str, keep: Path | None = None):
+        self.router, self.node, self.label = router, node, label
         # <runs>/<run id>/<node>/setup.log: no link in the run folder is followed.
-        self._file = open_append(self.path, within=folder_node_dir.parent.parent)
+        self._file = open_append(keep, within=keep.parent.parent.parent) if keep else None
+        self.path = keep
         self.tail: list[str] = []
-        self._lock = threading.Lock()   # stdout and stderr arrive from two threads
+        self._lock = threading.Lock()   # stdout and stderr may arrive from two threads
 
     def line(self, text: str) -> None:
         text = text.rstrip("\r\n")
         with self._lock:
-            self._file.write(text + "\n")
+            if self._file is not None:
+                self._file.write(text + "\n")
             self.tail = [*self.tail[-39:], text]
-        self._line(self.node, text, label=SETUP_LABEL)
+        self.router.line(self.node, text, label=self.label)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
-    def failure(self, code: int | None) -> PrepareFailed:
-        last = "\n".join(f"  {line}" for line in self.tail[-15:]) or "  (no output)"
-        how = "could not be run" if code is None else f"failed with exit code {code}"
-        return PrepareFailed(self.node, f"setup on node {self.node} {how}; its last lines "
-                                        f"(all of them in {self.path}):\n{last}")
+    def last(self, count: int) -> str:
+        return "\n".join(f"  {line}" for line in self.tail[-count:]) or "  (no output)"
 
 
-def setup_env(command: NodeCommand) -> dict[str, str]:
-    """The job's environment for its setup commands (PATH with the node's Python first)."""
-    env = dict(command.env)
-    python = env.get("LAUNCH_PYTHON", "")
-    env["PATH"] = path_with(python, os.environ.get("PATH"))
-    return env
-
-
-def run_local_setup(plan: RunPlan, digest: str | None, log: SetupLog) -> None:
-    """The setup commands on this machine (the local nodes share one workdir: once)."""
-    head = plan.nodes[0]
-    argv = setup_argv(setup_key(digest, plan.job.setup), plan.job.setup)
-    try:
-        proc = subprocess.Popen(argv, cwd=head.cwd, env={**os.environ, **setup_env(head)},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True)
-    except OSError as err:
-        log.line(f"launch: {err}")
-        raise log.failure(None) from None
-    assert proc.stdout is not None
-    try:
-        for text in proc.stdout:
-            log.line(text)
-        code = proc.wait()
-    except BaseException:
-        # Ctrl-C while setup runs: setup stops with launch (its own session, so by group).
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-        raise
-    if code != 0:
-        raise log.failure(code)
+def setup_commands(plan: RunPlan, shared_files: bool) -> list[NodeCommand]:
+    """Setup as one command per node (in the workdir, with the job's environment): once on the
+    head where the nodes share one copy of the workdir (its lock would make the others skip
+    it anyway), else on every node."""
+    job = plan.job
+    if not job.setup:
+        return []
+    key = setup_key(plan.workdir.digest if plan.workdir is not None else None, job.setup)
+    nodes = plan.nodes[:1] if shared_files else plan.nodes
+    return [replace(node, argv=tuple(setup_argv(key, job.setup))) for node in nodes]
 
 
 def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> None:
@@ -131,24 +111,46 @@ def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> Non
                                       f"{type(err).__name__}: {err}")
 
 
-def prepare_local(plan: RunPlan, manifest, shipped) -> Callable | None:
-    """What a local run does before its job, the workdir shipped into this machine's copy
-    already (`shipped`: launcher/workdir_sync.ShipStats): say so, run setup there once. None
-    when there is nothing to do."""
-    job = plan.job
-    if manifest is None and not job.setup:
-        return None
+def preparation(session: Any, plan: RunPlan, shared_files: bool
+                ) -> Callable[[Any, Callable[[str], None], Any], None]:
+    """What every run does before its job, for execute_plan's `prepare`: say what preflight
+    shipped, run setup, then the mirror's restores (each on its nodes at once)."""
+    setups = setup_commands(plan, shared_files)
+    restores = list(plan.mirror.restore) if plan.mirror is not None else []
 
     def prepare(router, notify: Callable[[str], None], folder) -> None:
-        head = plan.nodes[0]
-        if shipped is not None:
-            notify(f"workdir {manifest.root}: {shipped.files_sent} of {shipped.files_total} "
-                   f"file(s) shipped to {shipped.dest}")
-        if job.setup:
-            log = SetupLog(folder.node_dir(head.name), head.name, router.line)
-            try:
-                run_local_setup(plan, manifest.digest if manifest is not None else None, log)
-            finally:
-                log.close()
+        def run_each(commands: list[NodeCommand], label: str, failure, keep=None) -> None:
+            by_name = {c.name: c for c in commands}
+
+            def one(name: str) -> None:
+                cmd = by_name[name]
+                log = CommandLog(router, name, label, keep(name) if keep else None)
+                try:
+                    code = session.run(cmd, folder.stamp, label, log.line)
+                finally:
+                    log.close()
+                if code != 0:
+                    raise failure(cmd, code, log)
+
+            in_parallel_or_raise(one, by_name)
+
+        for text in session.announce():
+            notify(text)
+        if setups:
+            notify(f"setup on {len(setups)} node(s): {len(plan.job.setup)} command(s)")
+            run_each(setups, SETUP_LABEL, lambda cmd, code, log: PrepareFailed(
+                cmd.name, f"setup on node {cmd.name} "
+                          + ("could not be run" if code is None
+                             else f"failed with exit code {code}")
+                          + f"; its last lines (all of them in {log.path}):\n{log.last(15)}"),
+                     keep=lambda name: folder.node_dir(name) / SETUP_LOG)
+        if restores:
+            notify(f"checkpoint mirror {plan.mirror.dest}: checking it, and bringing back what "
+                   f"{', '.join(r.name for r in restores)} lack(s)")
+            run_each(restores, MIRROR_LABEL, lambda cmd, code, log: PrepareFailed(
+                cmd.name, f"the checkpoint mirror {plan.mirror.dest} could not be used from "
+                          f"node {cmd.name} (its restore "
+                          + ("could not be run" if code is None else f"exited with code {code}")
+                          + f"):\n{log.last(10)}"))
 
     return prepare

@@ -16,7 +16,7 @@ from typing import Any
 from launcher.cluster.inventory import Node
 from launcher.core.errors import RecipeError
 from launcher.job.recipe import Recipe
-from launcher.job.spec import Job, default_job
+from launcher.job.spec import Job, job_of
 from launcher.job.torchrun import endpoint, torchrun_argv
 from train.options import argv_for
 
@@ -316,6 +316,22 @@ def job_program(job: Job) -> Callable[[Placement], list[str]]:
     return lambda place: [f"{place.code_dir}/launch_node/worker.py", *job.worker_argv()]
 
 
+def workload_program(job: Job) -> Callable[[Placement], list[str]]:
+    """launch's own workload: its program in the node's code folder, writing into the node's
+    folder."""
+    return lambda place: [f"{place.code_dir}/{job.target}", *job.args,
+                          "--out-dir", place.run_dir]
+
+
+def program_of(recipe: Recipe, job: Job) -> Callable[[Placement], list[str]] | None:
+    """What torchrun starts on every node for `job`; None for a command (its own launcher)."""
+    if job.is_trainer:
+        return trainer_program(recipe)
+    if job.kind == "workload":
+        return workload_program(job)
+    return job_program(job) if job.uses_torchrun else None
+
+
 def plan_run(
     recipe: Recipe,
     nodes: list[Node],
@@ -324,7 +340,6 @@ def plan_run(
     *,
     rdzv_port: int | None = None,
     notes: tuple[str, ...] = (),
-    program: Callable[[Placement], list[str]] | None = None,
     rdzv_host: str | None = None,
     job: Job | None = None,
     workdir: Any = None,
@@ -334,18 +349,15 @@ def plan_run(
     """One command per node; the first node is the head: the rendezvous store runs there.
 
     The job (default: the recipe's) decides what each node runs: a torchrun agent starting
-    the script, module or trainer, or the user's own command. `program` replaces what torchrun
-    starts (`launch bench` and the gate pass their own workloads: every workload goes through
-    the same launch path). `rdzv_host` is the head's address when only the allocation knows it
+    the script, module, trainer or launch's own workload (`launch bench` and the gate: every
+    workload goes through the same launch path), or the user's own command. `rdzv_host` is the head's address when only the allocation knows it
     (Slurm: a marker the job script fills in; `node_cluster_env` then holds markers for the
     LAUNCH_* cluster variables too); default the head's private address. `attempt`: where
     LAUNCH_ATTEMPT starts (a resumed run continues the count); `workdir` the shipped folder's
     manifest, for the printed plan.
     """
-    job = job or default_job(recipe, program)
-    if program is None:
-        program = trainer_program(recipe) if job.is_trainer else \
-            job_program(job) if job.uses_torchrun else None
+    job = job or job_of(recipe)
+    program = program_of(recipe, job)
     if not nodes:
         raise ValueError("a run needs at least one node")
     head = nodes[0]

@@ -6,8 +6,9 @@ or the bundled trainer. Pure: built from a recipe (or the command line), printed
     command  started once per node without torchrun (the user's own launcher), with the
              LAUNCH_* variables saying where the other nodes are (docs/jobs.md)
     trainer  the bundled ViT trainer (train/main.py), from the recipe's train: and ddp:
-    workload launch's own measurements (`launch bench`, the collective gate): a program
-             torchrun starts, given by the command that runs it
+    workload launch's own measurements (`launch bench`, the collective gate): a program of
+             launch's node code torchrun starts (`target` relative to the code folder, its
+             `args`, then `--out-dir` the node's folder), given by the command that runs it
 
 Every rank of a script, module or the trainer starts through launch's worker entry
 (launch_node/worker.py), which counts LAUNCH_ATTEMPT across torchrun's own restarts, puts the workdir
@@ -33,7 +34,8 @@ KINDS = ("script", "module", "command", "trainer", "workload")
 class Job:
     kind: str                      # one of KINDS
     target: str | None = None      # the script (relative to the workdir, or absolute on the
-    #                                nodes) or the module; None for command and trainer
+    #                                nodes), the module, or a workload's program (relative to
+    #                                launch's code folder); None for command and trainer
     args: tuple[str, ...] = ()     # after the script/module; the whole argv for a command
     workdir: str | None = None     # the local folder shipped to every node (absolute)
     setup: tuple[str, ...] = ()    # shell lines run in the shipped folder before the job
@@ -74,10 +76,9 @@ class Job:
                 "workdir": self.workdir, "setup": list(self.setup)}
 
 
-def default_job(recipe: Recipe, program: Any = None) -> Job:
-    """The job of a run: the recipe's, or launch's own workload when a command (bench, the
-    gate) gives the program torchrun starts."""
-    return Job("workload") if program is not None else job_of(recipe)
+def workload(program: str, *args: str) -> Job:
+    """launch's own measuring program (launch_bench/...) as the job torchrun starts."""
+    return Job("workload", program, tuple(args))
 
 
 def job_of(recipe: Recipe) -> Job:

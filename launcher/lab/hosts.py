@@ -204,6 +204,10 @@ class Lab:
                 "launch_run_root": str(self.dir / "node-runs"),
                 # Where the hosts come from: `launch run --recover` replaces a lost one here.
                 "launch_lab": str(self.dir),
+                # How a detached run's controller on the head reaches the other hosts (what
+                # `launch setup`'s cluster_ssh role gives a real cluster): the lab's own key.
+                "launch_cluster_key": str(self.key),
+                "launch_cluster_known_hosts": str(self.known_hosts),
                 "gpus": 0,
                 # The hosts share this machine's cores; each reporting all of them would
                 # make every node start one OpenMP thread per core and oversubscribe.
@@ -245,7 +249,10 @@ class Lab:
         log.close()
         host.sshd_pid = proc.pid
         public = Path(f"{host_key}.pub").read_text().split()
-        return f"{host.address} {public[0]} {public[1]}\n"
+        # Both addresses where they differ (a private worker): the run's controller on the head
+        # reaches every node by its private one.
+        names = ",".join(dict.fromkeys([host.address, host.rank_address]))
+        return f"{names} {public[0]} {public[1]}\n"
 
     def _wait_for_sshd(self, timeout: float = 20.0, hosts: list[LabHost] | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from launcher.core.errors import LauncherError
-from launcher.job.runplan import Placement
 from launcher.nccl.compare import compare, points_of_run
 from launcher.nccl.links import LinkPeak
 from launcher.nccl.nccl_tests import Measurement, NcclTestsRun, RankDevice
@@ -75,15 +73,12 @@ def default_max_bytes(gpus_per_node: list[int]) -> int:
     return DEFAULT_MAX_BYTES_GPU if any(gpus_per_node) else DEFAULT_MAX_BYTES_CPU
 
 
-def bench_program(op: str, sizes: list[int], dtype: str, warmup_iters: int,
-                  iters: int) -> Callable[[Placement], list[str]]:
-    """launch_bench/bench.py with the sweep as flags."""
-    def program(place: Placement) -> list[str]:
-        return [f"{place.code_dir}/launch_bench/bench.py", "--op", op,
-                "--sizes", ",".join(str(s) for s in sizes), "--dtype", dtype,
-                "--warmup-iters", str(warmup_iters), "--iters", str(iters),
-                "--out-dir", place.run_dir]
-    return program
+def bench_args(op: str, sizes: list[int], dtype: str, warmup_iters: int,
+               iters: int) -> list[str]:
+    """launch_bench/bench.py's flags for one sweep (the program and its --out-dir are the
+    plan's: launcher/job/spec.py workload)."""
+    return ["--op", op, "--sizes", ",".join(str(s) for s in sizes), "--dtype", dtype,
+            "--warmup-iters", str(warmup_iters), "--iters", str(iters)]
 
 
 def find_results(run_dir: Path, nodes: list[str]) -> Path:

@@ -40,11 +40,13 @@ from launcher.core.yamlfile import MAX_BYTES as MAX_RECIPE
 LAUNCH_FILE = "launch.json"
 RECIPE_COPY = "recipe.yml"
 STAMP_ENV = "LAUNCH_RUN_STAMP"  # in the environment of every process of a run
+STOP_FILE = "stop.json"         # `launch stop` asked the run's controller to stop (who, when)
 # What an attempt leaves at the top of the run folder; a resumed run moves them to
 # attempts/<n>/ first. Node folders stay: their logs are appended to, their checkpoints and
 # heartbeats are what the next attempt continues from.
 ATTEMPT_FILES = ("plan.json", "summary.json", "report.md", "report.json", "report.html",
-                 "metrics.jsonl", "progress.jsonl", "code.json")
+                 "metrics.jsonl", "progress.jsonl", "code.json", STOP_FILE, "handover.json",
+                 "console.jsonl", "controller.json", "controller.log")
 MAX_METRICS = 256 * safefile.MIB
 # The one kind of FIFO a run folder holds: NCCL's flight recorder pipe on GPU ranks, where
 # launcher/job/runplan.py points TORCH_NCCL_DEBUG_INFO_PIPE_FILE (<node>/hang/nccl-trace.rank<r>.pipe).
@@ -236,6 +238,17 @@ class RunFolder:
             safefile.write_bytes(target, data, within=self.runs)
         except LauncherError:
             pass   # a bundled recipe's name, or a recipe gone since it was read: no copy
+
+    def stop_request(self) -> dict[str, Any] | None:
+        """What `launch stop` wrote (launcher/pipeline/handover.py), if it asked."""
+        import json
+
+        try:
+            data = json.loads(safefile.read_bytes(self.root / STOP_FILE, "stop request",
+                                                  max_bytes=MAX_SMALL))
+        except (LauncherError, ValueError):
+            return None
+        return data if isinstance(data, dict) else {}
 
     def node_dir(self, node: str) -> Path:
         return self.root / path_component(node, "node name")

@@ -71,7 +71,7 @@ def pids_with_env(key: str, value: str) -> list[int]:
     return found
 
 
-def _is_launch(pid: int) -> bool:
+def is_launch(pid: int) -> bool:
     """Whether `pid` is still a launch process (pids are reused)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -135,7 +135,7 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
         state.status = summary.status or "unknown"
     elif any(p.startswith(str(folder / "summary.json")) for p in problems):
         state.status = "unknown"
-    elif launch.pid is not None and _is_launch(launch.pid):
+    elif launch.pid is not None and is_launch(launch.pid):
         state.status = "running"
     else:
         state.status = "abandoned"

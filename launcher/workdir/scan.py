@@ -139,6 +139,17 @@ class Manifest:
             "warnings": list(self.warnings),
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        """A manifest to_json wrote (a detached run's request: its controller ships nothing
+        and plans from it)."""
+        return cls(root=Path(data["root"]), entries=tuple(Entry(**e) for e in data["entries"]),
+                   excluded=tuple(Excluded(**x) for x in data.get("excluded", ())),
+                   secrets=tuple(Secret(**x) for x in data.get("secrets", ())),
+                   warnings=tuple(data.get("warnings", ())),
+                   total_bytes=int(data.get("total_bytes", 0)), files=int(data.get("files", 0)),
+                   digest=data.get("digest", ""))
+
     def render(self, shown: int = 3) -> list[str]:
         """Lines for --dry-run: what goes, what is left out (per reason, the first few), the
         secrets and warnings."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.check.collective_gate import GateResult, gate_program
+from launcher.check.collective_gate import GateResult, gate_job
 from launcher.check.health import FAIL, OK, SKIP
 from launcher.core.errors import RecipeError
 from launcher.job.recipe import recipe_from_mapping
@@ -104,9 +104,12 @@ def test_gate_two_nodes_without_floor_is_skipped_not_passed_silently():
 
 
 def test_gate_program_is_bench_in_gate_mode():
-    argv = gate_program(1 << 20, 0.02)(Placement(python="python3", code_dir="code",
-                                                 run_dir="."))
+    from launcher.job.runplan import workload_program
+
+    argv = workload_program(gate_job(1 << 20, 0.02))(Placement(python="python3",
+                                                               code_dir="code", run_dir="."))
     assert argv[:2] == ["code/launch_bench/bench.py", "--gate"]
+    assert argv[-2:] == ["--out-dir", "."]
     assert argv[argv.index("--sizes") + 1] == "1048576"
     assert argv[argv.index("--floor-gbs") + 1] == "0.02"
 

@@ -29,6 +29,8 @@ READ_ONLY = {
     ("catalog",): "reads the catalog (and EC2's describe calls with --region)",
     ("status",): "reads the ledgers (and EC2's describe calls)",
     ("compare",): "reads run folders; --html writes only the page it is told to write",
+    ("attach",): "follows a run's console; Ctrl-C only detaches",
+    ("logs",): "prints a run's node logs",
 }
 
 RECIPE = "vit-tiny-local"
@@ -120,6 +122,8 @@ DRY_RUNS = {
     ("teardown",): ["teardown", "--cluster", "c1"],
     ("extend",): ["extend", "--cluster", "c1", "--ttl", "4h"],
     ("runs",): ["runs", "--stop", "old"],
+    ("stop",): ["stop", "old"],
+    ("fetch",): ["fetch", "old"],
 }
 
 # Commands whose -i and --cluster are two ways to name the hosts: the same plan either way.
@@ -129,9 +133,14 @@ WHERE = {
     ("topo",): ["topo"],
     ("check",): ["check"],
     ("setup",): ["setup"],
+    ("stop",): ["stop", "elsewhere"],
+    ("fetch",): ["fetch", "elsewhere"],
 }
 # -i beside a --cluster the command needs anyway: the inventory of that cluster's nodes.
 CLUSTER_REQUIRED = {("extend",)}
+# Read-only commands that find a detached run where -i / --cluster say it runs (they connect
+# to its controller host: no dry run to compare; `stop` and `fetch` above locate it the same).
+WHERE_READ_ONLY = {("attach",), ("logs",)}
 
 # A mistake each command reports as an error (exit 2), for the --debug rule.
 MISTAKES = {
@@ -153,6 +162,10 @@ MISTAKES = {
     ("teardown",): ["teardown", "--cluster", "bad/name", "--dry-run"],
     ("status",): ["status", "--region", "no-such-region-1", "--json"],
     ("extend",): ["extend", "--cluster", "c1", "--ttl", "0", "--dry-run"],
+    ("attach",): ["attach", "no-such-run"],
+    ("logs",): ["logs", "no-such-run"],
+    ("stop",): ["stop", "no-such-run"],
+    ("fetch",): ["fetch", "no-such-run", "--dry-run"],
 }
 NO_MISTAKE = {("recipes",): "takes no input that can be wrong"}
 
@@ -166,7 +179,7 @@ def test_every_command_is_in_the_tables():
     assert not with_dry_run & set(READ_ONLY), "a read-only command needs no --dry-run"
     assert set(DRY_RUNS) == with_dry_run
     takes_i = {path for path, p in COMMANDS.items() if "-i" in options(p)}
-    assert set(WHERE) | CLUSTER_REQUIRED == takes_i
+    assert set(WHERE) | CLUSTER_REQUIRED | WHERE_READ_ONLY == takes_i
     assert set(MISTAKES) | set(NO_MISTAKE) == names
 
 

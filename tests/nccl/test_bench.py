@@ -10,9 +10,10 @@ import stat
 import pytest
 import torch
 
-from launcher.nccl.sweep import (BenchError, bench_program, mpirun_argv, nccl_tests_argv,
+from launcher.nccl.sweep import (BenchError, bench_args, mpirun_argv, nccl_tests_argv,
                                  parse_size, results_table, sweep_sizes)
-from launcher.job.runplan import Placement
+from launcher.job.runplan import Placement, workload_program
+from launcher.job.spec import workload
 from launcher.nccl.busbw import bus_bandwidth
 from launcher.nccl.nccl_tests import parse_nccl_tests
 from launch_bench import bench as sweep
@@ -41,7 +42,8 @@ def test_sweep_doubles_like_nccl_tests():
 
 def test_program_is_train_bench_with_the_sweep():
     place = Placement(python="python3", code_dir="/opt/code", run_dir="/runs/b/node1")
-    assert bench_program("all_gather", [8, 16], "bfloat16", 5, 20)(place) == [
+    job = workload("launch_bench/bench.py", *bench_args("all_gather", [8, 16], "bfloat16", 5, 20))
+    assert workload_program(job)(place) == [
         "/opt/code/launch_bench/bench.py", "--op", "all_gather", "--sizes", "8,16", "--dtype",
         "bfloat16", "--warmup-iters", "5", "--iters", "20", "--out-dir", "/runs/b/node1"]
 

@@ -70,7 +70,7 @@ def test_no_import_cycles():
 # launcher/'s folders from the bottom up: a module imports only from its own folder or one
 # listed before it (docs/architecture.md says what each holds).
 LAYERS = ("core", "cluster", "job", "runs", "nccl", "report", "workdir", "setup", "provision",
-          "lab", "execute", "check", "backends", "commands", "cli")
+          "lab", "execute", "check", "pipeline", "backends", "commands", "cli")
 
 
 def layer(module: str) -> int:

@@ -110,10 +110,11 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
 
 def test_local_gpu_split_sets_cuda_visible_devices():
     from launcher.backends.local.backend import LocalBackend
+    from launcher.job.request import RunRequest
 
     recipe = recipe_from_mapping({**RECIPE, "ddp": {"comm_hook": "none"}}, "exp.yml")
     backend = LocalBackend(gpus_total=8, cpus_total=16, port=41000, cwd="/srv")
-    plan = backend.plan(recipe, backend.nodes(2), "run-7", runs_dir="runs")
+    plan = backend.plan(RunRequest(recipe, "run-7", 2), backend.nodes(2))
     assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan.nodes] == ["0,1,2,3", "4,5,6,7"]
     assert [c.env["OMP_NUM_THREADS"] for c in plan.nodes] == ["2", "2"]
     assert plan.nproc_per_node == 4
@@ -203,11 +204,12 @@ def test_every_file_a_plan_starts_from_the_shipped_code_is_shipped():
     """The plan names launch's node code by path strings: one naming a file no backend ships
     would fail only on a node. The trainer with its store, probes, mirror and spot watcher; a
     user's script and command; the bandwidth sweep and the collective gate."""
-    from launcher.check.collective_gate import gate_program
+    from launcher.check.collective_gate import gate_job
     from launcher.core.node_code import code_files, code_root
     from launcher.job.mirror import with_mirror
+    from launcher.job.spec import workload
     from launcher.job.spot import with_spot_watch
-    from launcher.nccl.sweep import bench_program
+    from launcher.nccl.sweep import bench_args
 
     shipped = set(code_files(code_root()))
     nodes = [Node(name=f"n{i}", address=f"10.0.0.{i}", private_address=f"10.0.0.{i}", gpus=0,
@@ -219,9 +221,9 @@ def test_every_file_a_plan_starts_from_the_shipped_code_is_shipped():
                                   "t.yml")
     plans = [with_spot_watch(with_mirror(plan_run(trainer, nodes, "r", places), trainer, places,
                                          "u1"), nodes, places),
-             plan_run(trainer, nodes, "r", places, program=bench_program(
-                 "all_reduce", [8], "float", 1, 1)),
-             plan_run(trainer, nodes, "r", places, program=gate_program(1 << 20, 0.02))]
+             plan_run(trainer, nodes, "r", places, job=workload(
+                 "launch_bench/bench.py", *bench_args("all_reduce", [8], "float", 1, 1))),
+             plan_run(trainer, nodes, "r", places, job=gate_job(1 << 20, 0.02))]
     for job in ({"script": "a.py"}, {"command": ["deepspeed", "t.py"]}):
         recipe = recipe_from_mapping({"name": "j", "workdir": ".", "job": job,
                                       "checkpoint": {"mirror": "/shared/ckpt"}}, "/p/j.yml", "/p")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.backends.ssh.replace import RecoveryBook, fleet_of
+from launcher.pipeline.recover import RecoveryBook, fleet_of
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError
 from tests.run.conftest import write_recipe
@@ -17,8 +17,8 @@ def test_recover_is_refused_where_no_machine_can_be_replaced(run_launch, tmp_pat
     recipe = write_recipe(tmp_path)
     proc = run_launch("run", "--local", str(recipe), "--recover")
     assert proc.returncode == 2
-    assert "--recover replaces a lost machine: it goes with --cluster NAME or an inventory" \
-        in proc.stderr
+    assert "--recover: machine recovery is not available on this backend" in proc.stderr
+    assert "the nodes are processes of this machine" in proc.stderr
     assert not (tmp_path / "runs").exists()
     proc = run_launch("run", "--local", str(recipe), "--recover", "0")
     assert proc.returncode == 2 and "number of replacements (1 to 100)" in proc.stderr

@@ -9,13 +9,15 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.backends.slurm.backend import SlurmBackend, slurm_settings
-from launcher.backends.slurm.job import exit_status, follow
-from launcher.backends.slurm.sbatch import HEAD_ADDR, NODE, fill, node_facts, shell_word
+from launcher.backends.slurm.sbatch import shell_word
+from launcher.backends.slurm.steps import parse_facts
+from launcher.runs.console import follow_file
 from launcher.backends.slurm.slurmctl import gres_gpus, node_usable, parse_job, parse_sinfo
 from launcher.core.errors import LauncherError, RecipeError
 from launcher.job.recipe import recipe_from_mapping
@@ -29,183 +31,38 @@ GOLDEN_RECIPE = {
 }
 
 
-def bench_program(place):
-    return [f"{place.code_dir}/launch_bench/bench.py", "--op", "all_reduce", "--out-dir",
-            place.run_dir]
-
-
 def golden_job():
+    from launcher.job.request import RunRequest
+    from launcher.job.spec import workload
+
     recipe = recipe_from_mapping(GOLDEN_RECIPE, "/shared/home/ada/golden.yml")
     backend = SlurmBackend({"account": "ml-team", "sbatch_args": ["--constraint=a100&ib"]},
                            cwd="/shared/home/ada")
-    return backend.plan(recipe, backend.nodes(2), "golden-1", program=bench_program)
+    request = RunRequest(recipe, "golden-1", 2,
+                         job=workload("launch_bench/bench.py", "--op", "all_reduce"))
+    return backend.plan(request, backend.nodes(2))
 
 
 EXPECTED_SCRIPT = r"""#!/bin/bash
-# launch run golden-1: recipe golden (/shared/home/ada/golden.yml), 2 node(s) x 8 process(es)
+# launch run golden-1: recipe golden (/shared/home/ada/golden.yml), 2 node(s)
 # Submitted by launch: sbatch --parsable --qos=high '--constraint=a100&ib' --job-name=golden-1 --nodes=2 --ntasks-per-node=1 --no-requeue --chdir=/shared/home/ada/runs/golden-1 --output=/shared/home/ada/runs/golden-1/slurm-%j.out --exclusive --partition=gpu --account=ml-team --time=01:00:00 --gpus-per-node=8 /shared/home/ada/runs/golden-1/job.sbatch
-# Runs on the allocation's first node, the head: starts the rendezvous store there, then one
-# torchrun agent per node (srun), and stops the store when srun ends.
-set -u
-
-# One node: its address is the source address of its route to the head, its interface the one
-# holding that address (GLOO/NCCL_SOCKET_IFNAME); its files go to the node's own folder, its
-# job runs in that folder. $2: the step's attempt (0, then one more per restart); $3: 1 when no
-# restart may follow it.
-run_node() {
-  local node=$SLURMD_NODENAME head_addr=$1 attempt=$2 final=$3 addr iface omp_threads agent
-  local code stopped= dir node_rank=$SLURM_NODEID launch_attempt=$(( 0 + $2 ))
-  dir=/shared/home/ada/runs/golden-1/"$node"
-  mkdir -p "$dir" /shared/home/ada/runs/golden-1/checkpoints && cd "$dir" || exit 1
-  exec >>"$dir"/agent.out 2>&1
-  addr=$(ip -4 -o route get "$head_addr" | sed -n 's/.* src \([^ ]*\).*/\1/p')
-  iface=$(ip -4 -o addr show to "$addr/32" | awk '{sub(/@.*/, "", $2); print $2; exit}')
-  if [ -z "$addr" ] || [ -z "$iface" ]; then
-    echo "launch: node $node found no address on its route to the head $head_addr (iproute2's ip)"
-    finish 1
-  fi
-  # The node's CPUs in this job, shared by its ranks: one OpenMP thread per CPU, no more.
-  omp_threads=$(( ${SLURM_CPUS_ON_NODE:-1} / 8 ))
-  [ "$omp_threads" -ge 1 ] || omp_threads=1
-  echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
-  PATH=/shared/venv/bin:$PATH; export PATH
-  # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
-  # workers, or Slurm would count the node done while they still run; a node stopped so
-  # records -15 (SIGTERM), one that ended by itself its agent's exit code.
-  trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM
-  env \
-    LAUNCH_RUN_ID=golden-1 \
-    LAUNCH_NODE="${node}" \
-    PYTHONUNBUFFERED=1 \
-    LAUNCH_PYTHON=/shared/venv/bin/python \
-    NCCL_DEBUG=INFO \
-    NCCL_DEBUG_FILE=/shared/home/ada/runs/golden-1/"${node}"/nccl-debug.%h.%p.log \
-    GLOO_SOCKET_IFNAME="${iface}" \
-    NCCL_SOCKET_IFNAME="${iface}" \
-    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 \
-    TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/shared/home/ada/runs/golden-1/"${node}"/hang/nccl-trace.rank \
-    TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/shared/home/ada/runs/golden-1/"${node}"/hang/nccl-trace.rank \
-    LAUNCH_CHECKPOINT_DIR=/shared/home/ada/runs/golden-1/checkpoints \
-    OMP_NUM_THREADS="${omp_threads}" \
-    'NOTE=it'"'"'s $(here)' \
-    LAUNCH_NODE_RANK="${node_rank}" \
-    LAUNCH_NUM_NODES=2 \
-    LAUNCH_NODE_ADDRS="${node_addrs}" \
-    LAUNCH_HEAD_ADDR="${head_addr}" \
-    LAUNCH_RDZV_PORT=29400 \
-    LAUNCH_GPUS_PER_NODE=8 \
-    LAUNCH_ATTEMPT="${launch_attempt}" \
-    /shared/venv/bin/python -m torch.distributed.run \
-    --nnodes 2 \
-    --nproc-per-node 8 \
-    --rdzv-backend c10d \
-    --rdzv-endpoint "${head_addr}":29400 \
-    --rdzv-id golden-1 \
-    --rdzv-conf is_host=0,join_timeout=300 \
-    --local-addr "${addr}" \
-    --max-restarts 0 \
-    --tee 3 \
-    --log-dir /shared/home/ada/runs/golden-1/"${node}"/torchrun \
-    /shared/home/ada/runs/golden-1/code/launch_bench/bench.py \
-    --op all_reduce \
-    --out-dir /shared/home/ada/runs/golden-1/"${node}" &
-  agent=$!
-  while :; do
-    wait "$agent"
-    code=$?
-    kill -0 "$agent" 2>/dev/null || break
-  done
-  [ -z "$stopped" ] || code=-15
-  finish "$code"
-}
-# The node's end: its exit_code, which launch follows; a step that may be restarted writes the
-# attempt's own (exit_code.<attempt>) and the batch script decides which one ends the run.
-finish() {
-  if [ "$final" = 1 ]; then echo "$1" >"$dir"/exit_code; else echo "$1" >"$dir"/exit_code.$attempt; fi
-  exit "$1"
-}
-export -f run_node finish
-
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# NodeAddr may be a name: the store and the agents want the address.
-node_address() {
-  local addr
-  addr=$(scontrol show node -o "$1" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
-  getent ahostsv4 "$addr" | awk 'NR == 1 {print $1}'
-}
-head_addr=$(node_address "$head")
-if [ -z "$head_addr" ]; then
-  echo "launch: no IPv4 address for the head node $head (its NodeAddr in scontrol show node)"
-  exit 1
-fi
-# Every node's address, head first (LAUNCH_NODE_ADDRS).
-node_addrs=
-for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
-  node_addrs=${node_addrs:+$node_addrs,}$(node_address "$name")
-done
-export node_addrs
-echo "launch: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($head_addr)"
-
-restarts=0
-attempt=0
-while :; do
-  final=$(( attempt >= restarts ? 1 : 0 ))
-  # The rendezvous store, a process of its own on the head: no agent's exit can take the
-  # rendezvous down with it. A fresh one each attempt: the last one's rendezvous is closed.
-  mkdir -p /shared/home/ada/runs/golden-1/"$head" || exit 1
-  (
-    node=$head
-    cd /shared/home/ada/runs/golden-1/"$node" || exit 1
-    exec env \
-      LAUNCH_RUN_ID=golden-1 \
-      LAUNCH_NODE="${node}" \
-      PYTHONUNBUFFERED=1 \
-      /shared/venv/bin/python \
-      /shared/home/ada/runs/golden-1/code/launch_node/rdzv_store.py \
-      --host "${head_addr}" \
-      --port 29400
-  ) >>/shared/home/ada/runs/golden-1/"$head"/store.out 2>&1 &
-  store=$!
-  srun --export=ALL --kill-on-bad-exit=1 --nodes=2 --ntasks=2 \
-    --ntasks-per-node=1 bash -c 'run_node "$@"' run_node "$head_addr" "$attempt" "$final" &
-  agents=$!
-  # Whichever ends first: srun (the step is over) or the store (the step cannot go on).
-  wait -n
-  if kill -0 "$agents" 2>/dev/null; then
-    wait "$store"
-    code=$?
-    [ "$final" = 1 ] && echo "$code" >/shared/home/ada/runs/golden-1/"$head"/store_exit_code
-    echo "launch: the rendezvous store on $head exited with code $code; stopping the nodes"
-    kill -TERM "$agents"
-    wait "$agents"
-    status=1
-  else
-    wait "$agents"
-    status=$?
-    kill -TERM "$store" 2>/dev/null
-    wait "$store"
-  fi
-  if [ "$status" -eq 0 ] || [ "$final" = 1 ]; then
-    break
-  fi
-  attempt=$(( attempt + 1 ))
-  echo "launch: the step ended with exit code $status; starting every node again (restart $attempt of $restarts)"
-done
-# A step that could have been restarted left exit_code.<attempt>: the run ends with it.
-if [ "$final" != 1 ]; then
-  for name in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
-    if [ -f /shared/home/ada/runs/golden-1/"$name"/exit_code.$attempt ]; then
-      cp /shared/home/ada/runs/golden-1/"$name"/exit_code.$attempt /shared/home/ada/runs/golden-1/"$name"/exit_code
-    fi
-  done
-fi
-exit "$status"
+# The run's pipeline (launch itself, from the run's own copy of it in code/) on the
+# allocation's first node: it starts every node's processes as job steps (srun), restarts
+# them, watches for hangs and writes the run's summary and report; its console is
+# console.jsonl here (`launch attach golden-1`).
+PYTHONPATH=/shared/home/ada/runs/golden-1/code${PYTHONPATH:+:$PYTHONPATH} exec {python} -m launcher.commands.controller /shared/home/ada/runs/golden-1
 """
 
 
+def expected_script() -> str:
+    # launch's own interpreter runs the controller (on the shared filesystem, as launch is).
+    return EXPECTED_SCRIPT.replace("{python}", shlex.quote(sys.executable))
+
+
 def test_the_whole_batch_script():
-    assert golden_job().script() == EXPECTED_SCRIPT
+    """Bash keeps only what sbatch needs: the run's policy (restarts, the hang watch) is the
+    pipeline's Python, the same as every backend's."""
+    assert golden_job().script() == expected_script()
 
 
 def test_sbatch_command_line_recipe_and_flags():
@@ -226,10 +83,18 @@ def test_script_is_valid_bash():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_plan_once_placed_names_the_allocated_nodes():
-    job = golden_job()
-    plan = job.run_plan([("gpu-st-1", "10.1.0.5"), ("gpu-st-2", "10.1.0.6")],
-                        {"gpu-st-2": {"addr": "10.1.0.6", "iface": "ens5", "omp_threads": "12"}})
+def test_the_plan_in_the_job_names_the_allocated_nodes():
+    """Inside the job the same backend plans with the allocation's nodes and what each node
+    said of itself."""
+    from launcher.cluster.inventory import Node
+    from launcher.job.request import RunRequest
+
+    recipe = recipe_from_mapping(GOLDEN_RECIPE, "/shared/home/ada/golden.yml")
+    backend = SlurmBackend({}, cwd="/shared/home/ada", allocation=True)
+    backend.facts = {"gpu-st-1": {"cpus": 96}, "gpu-st-2": {"cpus": 96}}
+    nodes = [Node("gpu-st-1", "10.1.0.5", "10.1.0.5", gpus=8, interface="ens5"),
+             Node("gpu-st-2", "10.1.0.6", "10.1.0.6", gpus=8, interface="ens5")]
+    plan = backend.run_plan(RunRequest(recipe, "golden-1", 2), nodes)
     assert plan.rdzv_endpoint == "10.1.0.5:29400"
     head, other = plan.nodes
     assert (head.name, head.is_head, other.name, other.is_head) == \
@@ -237,25 +102,26 @@ def test_plan_once_placed_names_the_allocated_nodes():
     assert other.argv[other.argv.index("--local-addr") + 1] == "10.1.0.6"
     assert other.argv[other.argv.index("--rdzv-endpoint") + 1] == "10.1.0.5:29400"
     assert other.env["GLOO_SOCKET_IFNAME"] == "ens5" and other.env["OMP_NUM_THREADS"] == "12"
-    assert other.env["LAUNCH_NODE"] == "gpu-st-2"
-    assert other.cwd == "/shared/home/ada/runs/golden-1/gpu-st-2"
-    # What the head did not report stays as the script names it.
-    assert head.env["GLOO_SOCKET_IFNAME"] == "${iface}"
+    assert other.env["LAUNCH_NODE"] == "gpu-st-2" and other.env["LAUNCH_NODE_RANK"] == "1"
+    assert other.run_dir == "/shared/home/ada/runs/golden-1/gpu-st-2"
     assert plan.store.name == "gpu-st-1"
     assert plan.store.argv[-4:] == ("--host", "10.1.0.5", "--port", "29400")
 
 
-def test_dry_run_json_names_the_markers_as_shell_variables():
+def test_dry_run_json_has_the_job_and_what_its_pipeline_starts():
     doc = golden_job().to_json()
-    assert doc["backend"] == "slurm" and doc["world_size"] == 16
-    assert doc["rendezvous"]["endpoint"] == "${head_addr}:29400"
-    assert doc["node"]["env"]["GLOO_SOCKET_IFNAME"] == "${iface}"
+    assert doc["backend"] == "slurm" and doc["nnodes"] == 2
     assert doc["sbatch"]["argv"][-1] == "/shared/home/ada/runs/golden-1/job.sbatch"
-    assert doc["script"] == EXPECTED_SCRIPT
+    assert doc["script"] == expected_script()
+    plan = doc["plan"]
+    assert plan["world_size"] == 16 and [n["name"] for n in plan["nodes"]] == \
+        ["allocated0", "allocated1"]
+    assert plan["nodes"][0]["argv"][-4:] == ["--op", "all_reduce", "--out-dir",
+                                              "/shared/home/ada/runs/golden-1/allocated0"]
 
 
 @pytest.mark.parametrize("value", ["$(touch canary)", "a; rm -rf ~", "`touch canary`",
-                                   "x' \"y\" && touch canary", "new\nline"])
+                                   "x' \"y\" && touch canary", "new\nline", ""])
 def test_shell_word_keeps_any_value_one_word(value):
     assert shlex.split(shell_word(value)) == [value]
     # ... also in bash itself, the shell the job runs.
@@ -264,19 +130,13 @@ def test_shell_word_keeps_any_value_one_word(value):
     assert out.stdout == value
 
 
-def test_markers_become_the_script_variables():
-    assert shell_word(f"{HEAD_ADDR}:29500") == '"${head_addr}":29500'
-    assert shell_word(f"/runs/a b/{NODE}/x") == "'/runs/a b/'\"${node}\"/x"
-    assert fill(f"{HEAD_ADDR}:29500", {"head_addr": "10.0.0.1"}) == "10.0.0.1:29500"
-    out = subprocess.run(["bash", "-c", f"node=n1; printf '%s' {shell_word(f'/r/{NODE}/x')}"],
-                         text=True, capture_output=True)
-    assert out.stdout == "/r/n1/x"
-
-
 def test_node_facts_line():
-    assert node_facts("launch: node gpu-st-2: address 10.1.0.6, interface ens5, 12 thread(s) "
-                      "per rank\n") == {"addr": "10.1.0.6", "iface": "ens5", "omp_threads": "12"}
-    assert node_facts("[default0]:rank 0/2") is None
+    lines = ("@launch-facts gpu-st-2 10.1.0.6 ens5 12 8\nnoise\n"
+             "@launch-facts gpu-st-1 10.1.0.5 ens5 12 8\n")
+    assert parse_facts(lines) == {
+        "gpu-st-2": {"addr": "10.1.0.6", "iface": "ens5", "cpus": 12, "gpus": 8},
+        "gpu-st-1": {"addr": "10.1.0.5", "iface": "ens5", "cpus": 12, "gpus": 8}}
+    assert parse_facts("[default0]:rank 0/2") == {}
 
 
 # ---- settings: recipe block and flags -----------------------------------------------------
@@ -398,21 +258,19 @@ def test_parse_job():
     assert parse_job("9", "").state == "GONE"
 
 
-def test_exit_status():
-    assert (exit_status("0:0"), exit_status("1:0"), exit_status("0:15")) == (0, 1, -15)
-
-
 def test_follow_reads_a_growing_file_to_the_end(tmp_path):
-    path = tmp_path / "agent.out"
-    path.write_text("one\ntw")
+    """A detached run's console is followed as it grows; b"" between looks that found
+    nothing, and everything written before `done` is read."""
+    path = tmp_path / "console.jsonl"
+    path.write_bytes(b"one\ntw")
     done = {"now": False}
-    lines = follow(path, lambda: done["now"], poll=0.01)
-    assert next(lines) == "one"
-    with open(path, "a") as f:
-        f.write("o\nthree")
-    assert next(lines) == "two"
+    chunks = follow_file(path, 0, lambda: done["now"], poll=0.01)
+    assert next(chunks) == b"one\ntw"
+    assert next(chunks) == b""
+    with open(path, "ab") as f:
+        f.write(b"o\nthree")
     done["now"] = True
-    assert list(lines) == ["three"]   # the last, unterminated line too
+    assert b"".join(chunks) == b"o\nthree"
 
 
 # ---- the CLI, contacting nothing ------------------------------------------------------------
@@ -442,7 +300,8 @@ def test_dry_run_prints_script_and_command_and_contacts_nothing(run_launch, tmp_
     out = proc.stdout
     assert "submit:\n  sbatch --parsable --job-name=dry --nodes=2" in out
     assert f"{tmp_path}/runs/dry/job.sbatch:\n#!/bin/bash\n" in out
-    assert "srun --export=ALL --kill-on-bad-exit=1 --nodes=2" in out
+    assert "-m launcher.commands.controller" in out
+    assert "node allocated1 (<allocated1's NodeAddr>, worker" in out   # what it starts there
     assert not calls.exists(), calls.read_text()
     assert not (tmp_path / "runs").exists()
     doc = json.loads(run_launch("run", "vit-tiny-local", "--slurm", "--dry-run", "--json",
@@ -456,35 +315,34 @@ HOSTILE = ["$(touch {canary})", "a; rm -rf ~", "`touch {canary}`", "x' \"y\" && 
 
 
 @pytest.mark.parametrize("template", HOSTILE)
-def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, template):
-    """tests/run/test_injection.py, for the batch script: run the node's command line from the
-    script through bash, with `env` printing what the program would receive."""
+def test_hostile_values_reach_the_program_as_one_word(run_launch, tmp_path, template):
+    """tests/run/test_injection.py, for the job steps: the node's command as the pipeline in
+    the job starts it (launcher/backends/slurm/steps.py: its wrapper, then `env`, then the
+    program), run through bash with a program that prints its arguments instead of torchrun."""
+    from launcher.backends.slurm.steps import step_argv
+    from launcher.job.runplan import NodeCommand
+
     canary = tmp_path / "canary"
     value = template.format(canary=canary)
     recipe = write_recipe(tmp_path, train={"dataset": value}, env={"NOTE": value})
     doc = json.loads(run_launch("run", str(recipe), "--slurm", "--dry-run", "--json",
                                 check=True).stdout)
-    argv = doc["node"]["argv"]
-    assert argv[argv.index("--dataset") + 1] == value and doc["node"]["env"]["NOTE"] == value
-    script = doc["script"]
-    start = script.index("  env \\\n")
-    command = script[start:script.index(" &\n", start)]
-    # The same words, handed to a program that prints its arguments instead of torchrun.
-    probe = command.replace("  env \\", "  env -i \\", 1)
+    assert not Path(tmp_path / "runs").exists()   # the dry run wrote nothing
+    node = doc["plan"]["nodes"][1]
+    argv = node["argv"]
+    assert argv[argv.index("--dataset") + 1] == value and node["env"]["NOTE"] == value
     printer = tmp_path / "printargs"
     printer.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
                        "printf 'NOTE=%s\\0' \"$NOTE\"\n")
     printer.chmod(0o755)
-    # The program, not the same word in a value (LAUNCH_PYTHON names the interpreter too).
-    probe = probe.replace(f"    {doc['node']['argv'][0]} -m", f"    {printer} -m", 1)
-    out = subprocess.run(["bash", "-c", f"node=n0 iface=eth0 addr=10.0.0.2 head_addr=10.0.0.1 "
-                                        f"omp_threads=1\n{probe}"],
-                         capture_output=True, cwd=tmp_path)
+    command = NodeCommand(name="n1", address="a", private_address="a", is_head=False, gpus=0,
+                          argv=(str(printer), *argv[1:]), env=node["env"],
+                          run_dir=str(tmp_path / "n1"), cwd=str(tmp_path))
+    out = subprocess.run(step_argv(command, "stamp"), capture_output=True, cwd=tmp_path)
     words = out.stdout.split(b"\0")
     assert value.encode() in words and f"NOTE={value}".encode() in words
     assert words[words.index(b"--dataset") + 1] == value.encode()
     assert not canary.exists()
-    assert not Path(tmp_path / "runs").exists()
 
 
 def test_run_on_all_gives_srun_only_the_sbatch_arguments_srun_takes():

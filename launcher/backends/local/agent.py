@@ -37,6 +37,44 @@ def die_with_launch(argv: list[str]) -> list[str]:
     return [sys.executable, "-c", DIE_WITH_LAUNCH, str(os.getpid()), *argv]
 
 
+def process_env(command: NodeCommand, stamp: str) -> dict[str, str]:
+    """The environment of a process launch starts for `command` on this machine (its folders
+    made first): launch's own, the command's, the run's stamp, and the node's interpreter's
+    folder first on PATH."""
+    Path(command.run_dir).mkdir(parents=True, exist_ok=True)
+    if command.env.get("LAUNCH_CHECKPOINT_DIR"):
+        Path(command.env["LAUNCH_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **command.env, STAMP_ENV: stamp}
+    if command.env.get("LAUNCH_PYTHON"):
+        env["PATH"] = path_with(command.env["LAUNCH_PYTHON"], env.get("PATH"))
+    return env
+
+
+def run_to_end(command: NodeCommand, stamp: str, line) -> int | None:
+    """`command` on this machine to its end, its lines to `line`; None when it could not be
+    started. Stopped with launch (its own session, so by group) on Ctrl-C."""
+    try:
+        proc = subprocess.Popen(list(command.argv), cwd=command.cwd,
+                                env=process_env(command, stamp), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as err:
+        line(f"launch: {err}")
+        return None
+    assert proc.stdout is not None
+    try:
+        for text in proc.stdout:
+            line(text)
+        return proc.wait()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+
+
 class LocalNodeProcess:
     def __init__(self, command: NodeCommand, stamp: str, label: str | None = None):
         self.name = command.name
@@ -48,12 +86,7 @@ class LocalNodeProcess:
         self.attempt_offset = 0
 
     def start(self) -> None:
-        Path(self.command.run_dir).mkdir(parents=True, exist_ok=True)
-        if self.command.env.get("LAUNCH_CHECKPOINT_DIR"):
-            Path(self.command.env["LAUNCH_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.command.env, STAMP_ENV: self.stamp}
-        if self.command.env.get("LAUNCH_PYTHON"):
-            env["PATH"] = path_with(self.command.env["LAUNCH_PYTHON"], env.get("PATH"))
+        env = process_env(self.command, self.stamp)
         env["LAUNCH_ATTEMPT"] = str(int(env.get("LAUNCH_ATTEMPT", "0")) + self.attempt_offset)
         self.proc = subprocess.Popen(
             die_with_launch(list(self.command.argv)),

@@ -1,13 +1,17 @@
-"""Slurm: the run is one batch job, submitted from the login node; Slurm picks the nodes.
+"""Slurm: the run is one batch job, submitted from the login node; Slurm picks the nodes, and
+the run's pipeline runs in the job.
 
     launch run RECIPE --slurm --nodes N [--partition P] [--account A] [--time HH:MM:SS]
                       [--sbatch-arg=--qos=high]... [--python PATH] [--gpus-per-node G]
 
-The job script (launcher/backends/slurm/sbatch.py) starts one torchrun agent per node with srun and the
-rendezvous store on the first node; the run folder, where the code and every node's output
-go, must be on a filesystem the compute nodes share with the login node (Slurm's normal
-setup: home directories or a parallel filesystem). launch follows the nodes' files, shows the
-job's state, and stops the run by cancelling the job.
+On the login node (the client) the backend checks the partition, ships the workdir and launch's
+code into the run folder on the shared filesystem, and submits the job (launcher/backends/
+slurm/sbatch.py): its script starts launch's controller on the allocation's first node. There
+the same backend, made again with `allocation`, gives the pipeline the allocation's nodes and
+starts every node's processes as job steps (launcher/backends/slurm/steps.py): restarts, the
+hang watch, the checkpoint mirror, the gate and the report are the same Python as every
+backend's. `launch run --slurm` follows the job (attached: Ctrl-C stops the run); with
+--detach it returns once the job is submitted.
 """
 
 from __future__ import annotations
@@ -17,27 +21,42 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from launcher.backends.slurm.flags import SLURM_FLAGS
+from launcher.backends.slurm.options import SLURM_FLAGS
+from launcher.backends.slurm.slurmctl import (Partition, SlurmError, hostnames, missing_clients,
+                                              node_addresses, partitions, said, slurm,
+                                              where_conf)
 from launcher.cluster.inventory import Node
-from launcher.core.errors import LauncherError, RecipeError
-from launcher.execute.backend import GroupResult, LaunchOptions, NodeResult, Program
-from launcher.job.recipe import Recipe, Slurm, check_recipe_for_hardware
-from launcher.job.runplan import Placement, plan_run
-from launcher.job.setup import setup_key
-from launcher.job.spec import Job, default_job, workdir_folder_name
-from launcher.backends.slurm.sbatch import (ADDR, ATTEMPT, HEAD_ADDR, IFACE, NODE, NODE_ADDRS, NODE_RANK,
-                             OMP_THREADS, SlurmJob)
+from launcher.core.errors import LauncherError
+from launcher.execute.backend import (YES, Capabilities, GroupResult, NodeResult, no)
+from launcher.job.request import RunRequest
+from launcher.job.plans import plan_request
+from launcher.job.recipe import Slurm, check_recipe_for_hardware
+from launcher.job.runplan import NodeCommand, Placement, RunPlan
 from launcher.job.sbatch_args import batch_path_problem
-from launcher.backends.slurm.slurmctl import (Partition, SlurmError, missing_clients, partitions, slurm,
-                               where_conf)
+from launcher.job.spec import workdir_folder_name
 
 MAX_SLURM_NODES = 4096
+
+_FEATURES = {
+    "restarts": YES, "resume": YES, "hang watch": YES, "gate": YES, "stragglers": YES,
+    "report": YES, "checkpoint mirror": YES,
+    "spot notices": no("Slurm owns its nodes' lives: a preempted or failed node ends the job "
+                       "(PREEMPTED, NODE_FAIL), and `launch run --resume` continues the run in "
+                       "a new one"),
+    "machine recovery": no("Slurm gives and replaces nodes itself: `launch run --resume` "
+                           "submits a new job that gets healthy ones"),
+    "nccl-tests": no("nccl-tests runs over SSH or on this machine; on Slurm, measure with the "
+                     "torch.distributed sweep (drop --nccl-tests) or srun the nccl-tests "
+                     "binary yourself"),
+}
+CONTROLLER = "the Slurm job itself, on the allocation's first node"
 
 
 def slurm_workdir(runs: Path, workdir: str, digest: str | None) -> Path:
@@ -70,14 +89,29 @@ def slurm_settings(recipe_block: Slurm | None, flags: dict[str, Any]) -> Slurm:
 
 
 class SlurmBackend:
-    kind = "slurm"
+    name = "slurm"
 
-    def __init__(self, flags: dict[str, Any] | None = None, cwd: str | None = None):
+    def __init__(self, flags: dict[str, Any] | None = None, cwd: str | None = None,
+                 allocation: bool | None = None):
         self.flags = flags or {}
         self.cwd = cwd or os.getcwd()
+        # Inside the job (the pipeline's own backend): the allocation's nodes, job steps.
+        self.allocation = bool(allocation)
+        self.capabilities = Capabilities(
+            attached=_FEATURES, detached=_FEATURES, controller=CONTROLLER, shared_files=True,
+            placed_later=not self.allocation, attached_here=self.allocation)
+        self.facts: dict[str, dict] = {}
         slurm_settings(None, self.flags)   # a bad flag is reported before anything else
 
-    def settings(self, recipe: Recipe | None) -> Slurm:
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> SlurmBackend:
+        return cls(settings.get("flags") or {}, cwd=settings.get("cwd"),
+                   allocation=settings.get("allocation"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flags": self.flags, "cwd": self.cwd}
+
+    def settings(self, recipe) -> Slurm:
         return slurm_settings(recipe.slurm if recipe else None, self.flags)
 
     # ---- Backend -------------------------------------------------------------------------
@@ -86,9 +120,25 @@ class SlurmBackend:
         where = f"partition {part}" if part else "the default partition"
         return f"{count} node(s) of a Slurm allocation ({where})"
 
+    def where_nodes(self, nodes: list[Node]) -> str:
+        return ", ".join(n.name for n in nodes) if self.allocation \
+            else self.describe(len(nodes))
+
     def nodes(self, count: int | None) -> list[Node]:
-        """Stand-ins for the nodes Slurm will allocate, in the allocation's order: their names
-        and addresses are known once the job runs."""
+        """Inside the job: the allocation's nodes, head first (Slurm's order), by NodeAddr.
+        Outside: stand-ins for the nodes Slurm will allocate."""
+        if self.allocation:
+            from launcher.backends.slurm.steps import job_id
+
+            names = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+            count = len(names) if count is None else count
+            if len(names) < count:
+                raise SlurmError(f"job {job_id()} has {len(names)} node(s); the run asks for "
+                                 f"{count}")
+            addresses = _resolved(node_addresses(names[:count]))
+            gpus = self.flags.get("gpus_per_node")
+            return [Node(name=n, address=addresses[n], private_address=addresses[n], gpus=gpus)
+                    for n in names[:count]]
         count = 2 if count is None else count
         if not 1 <= count <= MAX_SLURM_NODES:
             raise LauncherError(f"--nodes {count}: a Slurm job has 1 to {MAX_SLURM_NODES} nodes")
@@ -99,67 +149,56 @@ class SlurmBackend:
     def gpus(self, nodes: list[Node]) -> list[int]:
         return [n.gpus or 0 for n in nodes]
 
-    def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
-             program: Program | None = None, rdzv_port: int | None = None,
-             job: Job | None = None, workdir: Any = None, attempt: int = 0,
-             shipped_to: str | None = None) -> SlurmJob:
-        """The batch job, pure: nothing is asked of Slurm (a real run asks it in preflight).
-        `shipped_to`: the copy the workdir went to (launch ships before it plans)."""
-        if recipe.checkpoint is not None and recipe.checkpoint.mirror is not None:
-            # The watcher would run beside the job script; not built yet (docs/recovery.md).
-            raise RecipeError(recipe.source, "checkpoint.mirror",
-                              "is not on Slurm yet (the run folder is on the shared "
-                              "filesystem already); run with -i/--cluster or --local, or "
-                              "leave it out")
-        job = job or default_job(recipe, program)
-        settings = self.settings(recipe)
+    # ---- planning ------------------------------------------------------------------------
+    def placements(self, request: RunRequest, nodes: list[Node], run_dir: str,
+                   shipped_to: str | None) -> dict[str, Placement]:
+        settings = self.settings(request.recipe)
+        job = request.job
+        workdir = shipped_to or (str(slurm_workdir(Path(run_dir).parent, job.workdir,
+                                                   request.workdir.digest
+                                                   if request.workdir else None))
+                                 if job.workdir else None)
+        return {n.name: Placement(
+            python=settings.python, code_dir=f"{run_dir}/code", run_dir=f"{run_dir}/{n.name}",
+            cwd=f"{run_dir}/{n.name}", cpus=self.facts.get(n.name, {}).get("cpus"),
+            # The nodes share the workdir's copy, beside the runs on the shared filesystem.
+            workdir=workdir, checkpoint_dir=f"{run_dir}/checkpoints") for n in nodes}
+
+    def run_plan(self, request: RunRequest, nodes: list[Node], *, uid: str = "UID",
+                 attempt: int = 0, shipped_to: str | None = None) -> RunPlan:
+        run_dir = str(Path(self.cwd, request.runs_dir).resolve() / request.run_id)
+        port = request.rdzv_port or request.recipe.rendezvous.port
+        notes = () if self.allocation else (
+            "Slurm picks the nodes: the pipeline in the job plans with their names, addresses, "
+            "interfaces and CPUs once it runs",)
+        return plan_request(request, nodes, self.placements(request, nodes, run_dir, shipped_to),
+                            rdzv_port=port, uid=uid, attempt=attempt, notes=notes)
+
+    def plan(self, request: RunRequest, nodes: list[Node]):
+        """Inside the job: the run's plan. Outside: the batch job (what --dry-run prints and a
+        real run submits), with the plan its pipeline would start on stand-in nodes; pure:
+        nothing is asked of Slurm (a real run asks it in preflight)."""
+        if self.allocation:
+            return self.run_plan(request, nodes)
+        from launcher.backends.slurm.sbatch import SlurmJob
+
+        settings = self.settings(request.recipe)
         gpus = nodes[0].gpus if nodes[0].gpus is not None else settings.gpus_per_node
-        notes = []
-        if gpus is None:
-            notes.append("GPUs per node not known without asking Slurm: a real run takes "
-                         "them from the partition's GRES (gpu:N) or --gpus-per-node; "
-                         "nproc_per_node auto counts 1 here")
-        else:
-            check_recipe_for_hardware(recipe, [gpus] * len(nodes))
+        if gpus is not None:
+            check_recipe_for_hardware(request.recipe, [gpus] * len(nodes))
             settings = settings.model_copy(update={"gpus_per_node": gpus})
-        notes.append("Slurm picks the nodes: the job script finds the first node (the head, "
-                     "where the rendezvous store runs) and each node's own address and "
-                     "interface when it runs")
-        runs = Path(self.cwd, runs_dir).resolve()
-        run_dir = str(runs / run_id)
+        run_dir = str(Path(self.cwd, request.runs_dir).resolve() / request.run_id)
         if batch_path_problem(run_dir):
             raise LauncherError(f"--runs-dir: {batch_path_problem(run_dir)}")
-        template = Node(name=NODE, address=ADDR, private_address=ADDR, interface=IFACE,
-                        gpus=gpus or 0)
-        # Every path absolute: the job runs in the workdir, its files go to the node's folder.
-        # The nodes share the workdir's copy, beside the runs on the shared filesystem.
-        place = Placement(python=settings.python, code_dir=f"{run_dir}/code",
-                          run_dir=f"{run_dir}/{NODE}", cwd=f"{run_dir}/{NODE}",
-                          extra_env={"OMP_NUM_THREADS": OMP_THREADS},
-                          workdir=shipped_to or (str(slurm_workdir(
-                              runs, job.workdir, workdir.digest if workdir else None))
-                              if job.workdir else None),
-                          checkpoint_dir=f"{run_dir}/checkpoints")
-        port = rdzv_port or recipe.rendezvous.port
-        planned = plan_run(recipe, [template] * len(nodes), run_id, {NODE: place},
-                           rdzv_port=port, rdzv_host=HEAD_ADDR, program=program, job=job,
-                           workdir=workdir, attempt=ATTEMPT,
-                           node_cluster_env={
-                               "LAUNCH_NODE_RANK": NODE_RANK,
-                               "LAUNCH_NUM_NODES": str(len(nodes)),
-                               "LAUNCH_NODE_ADDRS": NODE_ADDRS, "LAUNCH_HEAD_ADDR": HEAD_ADDR,
-                               "LAUNCH_RDZV_PORT": str(port),
-                               "LAUNCH_GPUS_PER_NODE": str(gpus or 0)})
-        key = setup_key(workdir.digest if workdir is not None else None, job.setup)
-        return SlurmJob(run_id=run_id, recipe_name=recipe.name,
-                        recipe_source=recipe.source, run_dir=run_dir, nnodes=len(nodes),
-                        nproc_per_node=planned.nproc_per_node, rdzv_port=port,
-                        settings=settings, node=planned.nodes[0], store=planned.store,
-                        notes=tuple(notes), job=job, workdir=workdir,
-                        setup_key=key if job.setup else None, recovery=planned.recovery,
-                        attempt_base=attempt, recipe_base_dir=planned.recipe_base_dir)
+        shown = [replace(n, address=f"<{n.name}'s NodeAddr>",
+                         private_address=f"<{n.name}'s address>", gpus=gpus or 0) for n in nodes]
+        return SlurmJob(run_id=request.run_id, recipe_name=request.recipe.name,
+                        recipe_source=request.recipe.source, run_dir=run_dir,
+                        nnodes=len(nodes), settings=settings,
+                        controller_python=sys.executable,
+                        plan=self.run_plan(request, shown))
 
-    def preflight(self, recipe: Recipe | None, count: int) -> Partition:
+    def preflight(self, recipe, count: int) -> Partition:
         """Slurm's client commands are here and the partition has `count` nodes that take
         jobs; every problem is an exit-2 error naming what to do."""
         missing = missing_clients()
@@ -197,38 +236,108 @@ class SlurmBackend:
             merged.gpus.update(p.gpus)
         return merged
 
-    def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None,
-               job: Job | None = None, workdir: Any = None) -> dict:
-        from launcher.backends.slurm.job import ATTEMPT_FILES, run_job
-        from launcher.runs.folder import RunFolder
+    # ---- the client: submitting the job --------------------------------------------------
+    def hand_over(self, request: RunRequest, nodes: list[Node]) -> dict[str, Any]:
+        """The partition checked, the workdir and launch's code staged on the shared
+        filesystem, the run folder made there with its handover, the job submitted."""
+        from launcher.backends.slurm.sbatch import SCRIPT_NAME
+        from launcher.core.node_code import code_files, code_root, controller_files, snapshot
+        from launcher.pipeline.handover import HANDOVER, handover_doc, say
+        from launcher.runs.folder import RunFolder, STAMP_ENV
 
-        partition = self.preflight(recipe, len(nodes))
-        if nodes[0].gpus is None and self.settings(recipe).gpus_per_node is None:
+        partition = self.preflight(request.recipe, len(nodes))
+        if nodes[0].gpus is None and self.settings(request.recipe).gpus_per_node is None:
             # A job gets the GPUs it asks for; ask for what every usable node has.
             have = [partition.gpus.get(n, 0) for n in partition.usable]
             nodes = [replace(n, gpus=min(have) if have else 0) for n in nodes]
-        # Restarts happen inside the job (its script starts every node again); `--resume` is a
-        # new job continuing in the run's folder, its earlier attempt's files moved aside.
-        job = job or default_job(recipe, program)
+        flags = dict(self.flags)
+        if nodes[0].gpus and not flags.get("gpus_per_node"):
+            flags["gpus_per_node"] = nodes[0].gpus
+        job = self.plan(request, nodes)   # refuses what the nodes cannot run, before anything
+        runs = Path(self.cwd, request.runs_dir).resolve()
         shipped = None
-        if workdir is not None:
+        if request.workdir is not None:
             from launcher.workdir.sync import ship_local
 
-            # Staged once on the shared filesystem, before the plan: the copy used is where
-            # the nodes run (a sibling when a running job changed files in its own).
-            runs = Path(self.cwd, options.runs_dir).resolve()
-            shipped = ship_local(workdir, slurm_workdir(runs, job.workdir, workdir.digest))
-        folder = RunFolder.for_launch(Path(self.cwd, options.runs_dir), run_id,
-                                      resume=options.resume, also=ATTEMPT_FILES)
-        batch = self.plan(recipe, nodes, run_id, runs_dir=options.runs_dir, program=program,
-                          rdzv_port=rdzv_port, job=job, workdir=workdir,
-                          attempt=folder.attempt_base(),
-                          shipped_to=shipped.dest if shipped else None)
-        return run_job(batch, folder, options,
-                       recipe.source if Path(recipe.source).is_file() else None, recipe.text,
-                       shipped=shipped)
+            # Staged once on the shared filesystem: every node reads that copy.
+            shipped = ship_local(request.workdir, slurm_workdir(runs, request.job.workdir,
+                                                                request.workdir.digest))
+        uid = RunFolder.uid_for(runs, request.run_id, request.resume)
+        folder = RunFolder.for_launch(runs, request.run_id, resume=request.resume, uid=uid,
+                                      also=ATTEMPT_FILES)
+        note = shared_filesystem_note(folder.root)
+        if note:
+            say(f"note: {note}")
+        root = code_root()
+        code = snapshot(root, folder.root / "code", [*code_files(root), *controller_files(root)])
+        folder.write_json("code.json", code)
+        folder.keep_recipe(request.recipe.source, request.recipe.text)
+        if shipped is not None:
+            say(f"workdir {request.workdir.root}: {shipped.files_sent} of "
+                f"{shipped.files_total} file(s) shipped to {shipped.dest}, which every node "
+                "reads")
+        inside = SlurmBackend(flags, cwd=self.cwd)
+        folder.write_json(HANDOVER, handover_doc(
+            inside, request, uid, str(runs),
+            settings={**inside.to_json(), "allocation": True},
+            shipped=shipped.dest if shipped else None))
+        (folder.root / SCRIPT_NAME).write_text(job.script())
+        proc = slurm(job.sbatch_argv(), timeout=60, env={STAMP_ENV: folder.stamp})
+        if proc.returncode != 0:
+            raise SlurmError(f"sbatch refused the job ({where_conf()}): {said(proc)}")
+        job_id = proc.stdout.strip().split(";")[0]   # --parsable: "id" or "id;cluster"
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed no job id: {said(proc)}")
+        folder.write_json("slurm.json", {"job_id": job_id, "sbatch": job.sbatch_argv(),
+                                         "script": SCRIPT_NAME})
+        part = job.settings.partition or "the default partition"
+        say(f"submitted batch job {job_id} ({job.nnodes} node(s), {part}); script "
+            f"{folder.root / SCRIPT_NAME}")
+        return {"run_dir": str(folder.root), "job_id": job_id, "where": f"Slurm job {job_id}"}
 
+    def describe_hand_over(self, request: RunRequest, nodes: list[Node]) -> list[str]:
+        return ["  (the batch script below: launch's controller, from the run's own copy of "
+                "launch in the run folder)"]
+
+    def home(self, handle: dict[str, Any]):
+        from launcher.backends.slurm.home import SlurmHome
+
+        return SlurmHome(handle["run_id"], Path(handle["run_dir"]), str(handle["job_id"]))
+
+    def controller_of(self, run_id: str) -> str:
+        return f"the Slurm job of run {run_id}"
+
+    def find_run(self, run_id: str, runs_dir: str) -> dict[str, Any] | None:
+        import json
+
+        root = Path(self.cwd, runs_dir).resolve() / run_id
+        try:
+            job_id = json.loads((root / "slurm.json").read_text())["job_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return {"run_id": run_id, "backend": self.name, "settings": self.to_json(),
+                "run_dir": str(root), "job_id": job_id, "where": f"Slurm job {job_id}"}
+
+    # ---- inside the job: the pipeline's nodes ----------------------------------------------
+    def adopt(self, session: dict[str, Any]) -> None:
+        self.shipped = session.get("shipped")
+
+    def open(self, request: RunRequest, nodes: list[Node], uid: str) -> SlurmSession:
+        """Every node's address on its route to the head, its interface, CPUs and GPUs, asked
+        of the nodes themselves (one step on all of them)."""
+        from launcher.backends.slurm.steps import node_facts
+
+        found = node_facts(len(nodes), nodes[0].private_address,
+                           self.settings(request.recipe).gpus_per_node or nodes[0].gpus)
+        self.facts = found
+        placed = [replace(n, private_address=found[n.name]["addr"],
+                          interface=found[n.name]["iface"],
+                          gpus=n.gpus if n.gpus is not None else found[n.name]["gpus"])
+                  for n in nodes]
+        check_recipe_for_hardware(request.recipe, [n.gpus or 0 for n in placed])
+        return SlurmSession(self, placed, getattr(self, "shipped", None))
+
+    # ---- run_on_all ----------------------------------------------------------------------
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:
         """argv once on each of len(nodes) nodes, through srun in an allocation of its own;
@@ -237,6 +346,97 @@ class SlurmBackend:
             argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         self.preflight(None, len(nodes))
         return srun_on_nodes(self.settings(None), len(nodes), argv, timeout)
+
+
+class SlurmSession:
+    """One attempt inside the job: each node's process a job step (launcher/backends/slurm/
+    steps.py); the nodes write into the shared run folder, so nothing is fetched."""
+
+    def __init__(self, backend: SlurmBackend, nodes: list[Node], shipped: str | None):
+        self.backend, self.nodes, self.shipped = backend, nodes, shipped
+
+    def plan(self, request: RunRequest, uid: str, attempt: int) -> RunPlan:
+        return self.backend.run_plan(request, self.nodes, uid=uid, attempt=attempt,
+                                     shipped_to=self.shipped)
+
+    def announce(self) -> list[str]:
+        from launcher.backends.slurm.steps import job_id
+
+        facts = self.backend.facts
+        return [f"job {job_id()}: " + "; ".join(
+            f"{n.name} {facts[n.name]['addr']} ({facts[n.name]['iface']}, "
+            f"{facts[n.name]['cpus']} CPU(s))" for n in self.nodes)]
+
+    def code_record(self) -> dict | None:
+        return None   # the client wrote code.json when it staged the code
+
+    def process(self, command: NodeCommand, stamp: str, label: str | None = None):
+        from launcher.backends.slurm.steps import StepProcess
+
+        return StepProcess(command, stamp, label,
+                           cpus=self.backend.facts.get(command.name, {}).get("cpus"))
+
+    def run(self, command: NodeCommand, stamp: str, label: str, line) -> int | None:
+        return self.process(command, stamp, label).run_to_end(line)
+
+    def collect(self, plan: RunPlan, folder, skip: set[str] = frozenset()) -> None:
+        pass   # the nodes wrote into the run folder; a step's end ends all of its processes
+
+    def close(self) -> None:
+        pass
+
+
+def _resolved(addresses: dict[str, str]) -> dict[str, str]:
+    """NodeAddr may be a name: the store and the agents want the address."""
+    import socket
+
+    out = {}
+    for name, addr in addresses.items():
+        try:
+            out[name] = socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
+        except OSError:
+            raise SlurmError(f"no IPv4 address for node {name} (its NodeAddr {addr} in "
+                             "scontrol show node)") from None
+    return out
+
+
+# What a job leaves in its run folder besides launch's own files: moved to attempts/<n>/ when
+# `--resume` submits the next one.
+ATTEMPT_FILES = ("job.sbatch", "slurm.json", "slurm-*.out", "*/setup.log")
+# Filesystems on this machine's own disks or memory: compute nodes see them only if they are
+# this machine (a one-box cluster) or something exports them.
+LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay",
+                     "f2fs", "vfat", "exfat", "ntfs", "devtmpfs"}
+
+
+def filesystem(path: Path) -> tuple[str, str]:
+    """(mount point, type) of the filesystem holding `path`, from /proc/self/mounts."""
+    best = ("/", "unknown")
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return best
+    target = str(path)
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best[0]):
+            best = (mount, fields[2])
+    return best
+
+
+def shared_filesystem_note(root: Path) -> str | None:
+    """Says so when the run folder is on a disk of this machine."""
+    mount, kind = filesystem(root)
+    if kind not in LOCAL_FILESYSTEMS:
+        return None
+    return (f"the run folder is on {kind} mounted at {mount}, a filesystem of this machine: "
+            "compute nodes see it only if they run on this machine (a one-box cluster such as "
+            "`launch lab up --slurm`) or it is exported to them; on a cluster, put runs on the "
+            "shared filesystem (--runs-dir in your home, on NFS or Lustre)")
 
 
 # ---- run_on_all ----------------------------------------------------------------------------

@@ -21,10 +21,8 @@ from launcher.cluster.ssh import connect, remote
 from launcher.cluster.ssh_options import SshOptions
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
-from launcher.execute.prepare import SetupLog, in_parallel_or_raise
 from launcher.execute.watcher_answers import KeptWatcher
-from launcher.job.runplan import NodeCommand, RunPlan
-from launcher.job.setup import setup_argv, setup_key
+from launcher.job.runplan import NodeCommand
 from launcher.runs.folder import STAMP_ENV
 from launcher.runs.logs import LineSink
 
@@ -108,23 +106,36 @@ class SshNodeProcess:
             self._reconnected.append(self.conn)
         return self.conn
 
-    def start(self) -> None:
-        if self.promise is not None:  # a restart: fresh output, fresh exit status
-            self._new_output()
-            self.exit_code = None
+    def _start_line(self) -> str:
+        """The command started on the node as START_SCRIPT starts it: its own session, its
+        process group recorded, ended with the SSH session."""
         values = {**self.command.env, STAMP_ENV: self.stamp}
         if self.attempt_offset:
             values["LAUNCH_ATTEMPT"] = str(int(values.get("LAUNCH_ATTEMPT", "0"))
                                            + self.attempt_offset)
         env = [f"{k}={v}" for k, v in values.items()]
-        line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
+        return remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
                       self.command.cwd or ".", self.pgid_path,
                       posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
                       values.get("LAUNCH_CHECKPOINT_DIR", ""),
                       "env", *env, *self.command.argv)
+
+    def start(self) -> None:
+        if self.promise is not None:  # a restart: fresh output, fresh exit status
+            self._new_output()
+            self.exit_code = None
         self.promise = self.connection().run(
-            line, asynchronous=True, hide=True, warn=True, pty=False, in_stream=False,
-            out_stream=self._out, err_stream=self._err)
+            self._start_line(), asynchronous=True, hide=True, warn=True, pty=False,
+            in_stream=False, out_stream=self._out, err_stream=self._err)
+
+    def run_to_end(self, line: Callable[[str], None]) -> int | None:
+        """The command to its end (setup, a restore), its lines to `line`."""
+        out, err = LineSink(line), LineSink(line)
+        result = self.connection().run(self._start_line(), hide=True, warn=True, pty=False,
+                                       in_stream=False, out_stream=out, err_stream=err)
+        out.close()
+        err.close()
+        return result.exited
 
     def lines(self) -> Iterator[str]:
         # This start's queue and sinks: a restart replaces them for the next reader.
@@ -216,8 +227,10 @@ class SshNodeProcess:
 
 
 def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
-               skip: tuple[str, ...] = ("code",)) -> list[Path]:
-    """Copy a remote folder (all but `skip`) into local_dir; returns the files written."""
+               skip: tuple[str, ...] = ("code",), within: Path | None = None) -> list[Path]:
+    """Copy a remote folder (all but `skip`) into local_dir, writing nothing outside `within`
+    (default: the runs folder of <runs>/<run id>/<node>); returns the files written."""
+    within = within if within is not None else local_dir.parent.parent
     sftp = conn.sftp()
     written = []
 
@@ -234,7 +247,7 @@ def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
                 # Into the run folder with no link there followed (launcher/core/safefile.py):
                 # <runs>/<run id>/<node>/... is below the runs folder.
                 safefile.write_with(ldir / entry.filename, lambda f: sftp.getfo(rpath, f),
-                                    within=local_dir.parent.parent)
+                                    within=within)
                 written.append(ldir / entry.filename)
 
     try:
@@ -242,44 +255,3 @@ def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,
     except OSError as err:
         raise LauncherError(f"could not fetch {remote_dir} from {conn.host}: {err}") from None
     return written
-
-
-def prepare_ssh(plan: RunPlan, procs: dict, manifest) -> Callable | None:
-    """What an SSH run does before its job, the workdir being shipped by preflight already:
-    setup on every node at once, over the node's connection, started like a node agent (its
-    own session, ended with the connection: START_SCRIPT above)."""
-    job = plan.job
-    if not job.setup:
-        return None
-
-    key = setup_key(manifest.digest if manifest is not None else None, job.setup)
-    commands = {c.name: c for c in plan.nodes}
-
-    def prepare(router, notify: Callable[[str], None], folder) -> None:
-        def one(name: str) -> None:
-            command, proc = commands[name], procs[name]
-            log = SetupLog(folder.node_dir(name), name, router.line)
-            env = {**command.env, STAMP_ENV: folder.stamp}
-            line = remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-setup",
-                          command.cwd or ".", posixpath.join(command.run_dir,
-                                                             "launch-setup.pgid"),
-                          posixpath.dirname(env.get("LAUNCH_PYTHON", "")),
-                          env.get("LAUNCH_CHECKPOINT_DIR", ""),
-                          "env", *[f"{k}={v}" for k, v in env.items()],
-                          *setup_argv(key, job.setup))
-            out, err = LineSink(log.line), LineSink(log.line)
-            try:
-                result = proc.connection().run(line, hide=True, warn=True, pty=False,
-                                               in_stream=False, out_stream=out,
-                                               err_stream=err)
-                out.close()
-                err.close()
-                if result.exited != 0:
-                    raise log.failure(result.exited)
-            finally:
-                log.close()
-
-        notify(f"setup on {len(commands)} node(s): {len(job.setup)} command(s)")
-        in_parallel_or_raise(one, commands)
-
-    return prepare

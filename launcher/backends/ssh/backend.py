@@ -1,22 +1,27 @@
-"""Hosts of an Ansible inventory over SSH (fabric): preflight, ship the code, start one
-torchrun agent per host in its own session, stream, fetch each node's folder, summarize."""
+"""Hosts of an Ansible inventory over SSH (fabric): preflight (every host reached and checked,
+the code and the workdir shipped), one node agent per host started in its own session, its
+lines streamed, its folder fetched. A detached run's pipeline lives on the head, or on the
+inventory's controller host (launcher/backends/ssh/home.py)."""
 
 from __future__ import annotations
 
+import json
 import posixpath
-from dataclasses import replace
+import shlex
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launcher.execute.backend import (GroupResult, LaunchOptions, NodeResult, Program,
-                                    in_parallel)
 from launcher.cluster.inventory import Node, load_inventory, select_nodes
 from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.core.node_code import code_files, code_root, content_hash
-from launcher.job.recipe import Recipe
-from launcher.job.runplan import Placement, RunPlan, plan_run
-from launcher.job.spec import Job, default_job, workdir_folder_name
+from launcher.execute.backend import (YES, Capabilities, GroupResult, NodeResult, in_parallel,
+                                      no)
+from launcher.job.request import RunRequest
+from launcher.job.plans import plan_request
+from launcher.job.runplan import NodeCommand, Placement, RunPlan
+from launcher.job.spec import workdir_folder_name
 
 
 def node_run_dir(node: Node, run_id: str, uid: str) -> str:
@@ -51,14 +56,12 @@ def _on_node(home: str | None, path: str) -> str:
     return posixpath.normpath(posixpath.join(home, path)) if home else path
 
 
-def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
-                   facts: dict | None = None, *, rdzv_port: int | None = None,
-                   program: Program | None = None, job: Job | None = None,
-                   workdir: Any = None, uid: str = "UID", attempt: int = 0) -> RunPlan:
+def plan_inventory(request: RunRequest, nodes: list[Node], facts: dict | None = None, *,
+                   uid: str = "UID", attempt: int = 0) -> RunPlan:
     """The plan for hosts over SSH. Without facts (a dry run connects to nothing) the GPU
     count comes from the inventory, interface/cores are left for preflight to find, and paths
     are relative to each node's login folder."""
-    job = job or default_job(recipe, program)
+    job = request.job
     notes = []
     if facts:
         nodes = [replace(n, gpus=facts[n.name].gpus,
@@ -72,7 +75,7 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
     placements = {}
     for n in nodes:
         home = facts[n.name].home if facts else None
-        run_dir = _on_node(home, node_run_dir(n, run_id, uid))
+        run_dir = _on_node(home, node_run_dir(n, request.run_id, uid))
         placements[n.name] = Placement(
             python=n.python, code_dir=posixpath.join(run_dir, "code"), run_dir=run_dir,
             cwd=run_dir, cpus=n.cpus or (facts[n.name].cpus if facts else None),
@@ -80,86 +83,71 @@ def plan_inventory(recipe: Recipe, nodes: list[Node], run_id: str,
             extra_env=facts[n.name].env if facts else {},
             workdir=_on_node(home, shipped_to(n, job.workdir, facts)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
-    from launcher.job.mirror import with_mirror
-    from launcher.job.spot import with_spot_watch
-
-    plan = plan_run(recipe, nodes, run_id, placements, rdzv_port=rdzv_port, notes=tuple(notes),
-                    program=program, job=job, workdir=workdir, attempt=attempt)
-    return with_spot_watch(with_mirror(plan, recipe, placements, uid), nodes, placements)
+    return plan_request(request, nodes, placements,
+                        rdzv_port=request.rdzv_port or request.recipe.rendezvous.port, uid=uid,
+                        attempt=attempt, notes=tuple(notes))
 
 
-def execute_inventory(plan: RunPlan, nodes: list[Node], conns: dict, options: SshOptions,
-                      launch: LaunchOptions, code: dict, folder) -> dict:
-    """Run and collect a planned run on open connections (the code and the workdir are on
-    the nodes already, checked by preflight); returns the summary."""
-    from launcher.backends.ssh.agent import prepare_ssh
-    from launcher.backends.ssh.agent import SshNodeProcess, fetch_tree
-    from launcher.execute.mirrored import ssh_runner, watcher, with_restore
-    from launcher.execute.runner import execute_plan
-    from launcher.execute.sidecar import Preemptions, Sidecar
-
-    commands = {c.name: c for c in plan.nodes}
-    # Every node provably runs the same code: the hash each node computed is this one.
-    folder.write_json("code.json", code)
-    procs = [SshNodeProcess(commands[n.name], n, conns[n.name], options, folder.stamp)
-             for n in nodes]
-    head = nodes[0]
-    store = SshNodeProcess(plan.store, head, conns[head.name], options, folder.stamp,
-                           label="store") if plan.store else None
-
-    by_proc = {p.name: p for p in procs}
-    by_node = {n.name: n for n in nodes}
-
-    def collect() -> None:
-        def fetch(name: str):
-            if launch.node_lost is not None and launch.node_lost(by_node[name]):
-                return None   # the machine is gone, and its files with it
-            # The node process's connection: opened again if it dropped during the run.
-            proc = by_proc[name]
-            # Whatever of the run still lives there (a job's child in a session of its own):
-            # found by the run's stamp, never by name.
-            try:
-                proc.reap()
-            except Exception as err:  # noqa: BLE001 (the fetch still goes on)
-                print(f"launch: warning: node {name}: could not look for leftovers: {err}")
-            return fetch_tree(proc.connection(), commands[name].run_dir, folder.node_dir(name))
-
-        for name, result in in_parallel(fetch, list(commands)).items():
-            if isinstance(result, Exception):
-                print(f"launch: warning: {result}")
-        for proc in procs:
-            proc.close()
-
-    mirror = watcher(plan, lambda cmd: SshNodeProcess(cmd, head, conns[head.name], options,
-                                                       folder.stamp, label="mirror"))
-    notices = Preemptions()
-    spot = [Sidecar(SshNodeProcess(cmd, by_node[cmd.name], conns[cmd.name], options,
-                                   folder.stamp, label="spot"), "spot watcher", notices.line)
-            for cmd in plan.spot]
-    return execute_plan(plan, folder, procs, after=collect, grace_s=launch.grace_s,
-                        display=launch.display, store=store, services=[*mirror, *spot],
-                        prepare=with_restore(prepare_ssh(plan, by_proc, plan.workdir), plan,
-                                             ssh_runner(by_proc)), verdict=notices.judge,
-                        node_lost=(lambda name: launch.node_lost(by_node[name]))
-                        if launch.node_lost else None)
+ATTACHED = {
+    "restarts": YES, "resume": YES, "hang watch": YES, "gate": YES, "stragglers": YES,
+    "report": YES, "checkpoint mirror": YES, "spot notices": YES, "machine recovery": YES,
+    "nccl-tests": YES,
+}
+DETACHED = {
+    **ATTACHED,
+    "machine recovery": no("a replacement is made with the cloud credentials of the machine "
+                           "that provisioned the cluster (or the lab's own), which the "
+                           "controller on the cluster does not hold: run attached with "
+                           "--recover"),
+}
+CAPABILITIES = Capabilities(attached=ATTACHED, detached=DETACHED,
+                            controller="the head node over SSH (or the inventory's "
+                                       "`controller` host), with the cluster's own key")
 
 
 class SshBackend:
-    kind = "ssh"
+    name = "ssh"
+    capabilities = CAPABILITIES
 
-    def __init__(self, inventory: str | Path, options: SshOptions | None = None,
-                 limit: str | None = None):
-        self.inventory = str(inventory)
+    def __init__(self, inventory: str | Path | None, options: SshOptions | None = None,
+                 limit: str | None = None, nodes: list[Node] | None = None):
+        self.inventory = str(inventory) if inventory else None
         self.options = options or SshOptions()
         self.limit = limit
-        self.all_nodes = load_inventory(self.inventory, limit=limit)
+        # A controller is given its nodes as the cluster sees them (launcher/backends/ssh/
+        # home.py), and what the client's preflight found and shipped (`adopt`).
+        self.all_nodes = nodes if nodes is not None else load_inventory(self.inventory,
+                                                                        limit=limit)
+        self.adopted: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> SshBackend:
+        options = SshOptions(known_hosts=settings.get("known_hosts"),
+                             accept_new_host_keys=bool(settings.get("accept_new_host_keys")))
+        if settings.get("controller"):
+            # A detached run's controller: the nodes as the cluster sees them, no inventory.
+            return cls(None, options, nodes=[Node(**n) for n in settings["nodes"]])
+        return cls(settings["inventory"], options, limit=settings.get("limit"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inventory": self.inventory, "limit": self.limit,
+                "known_hosts": self.options.known_hosts,
+                "accept_new_host_keys": self.options.accept_new_host_keys}
+
+    def adopt(self, session: dict[str, Any]) -> None:
+        """A controller's first attempt: the client's preflight checked the nodes and shipped
+        the code and the workdir already; connecting is all that is left."""
+        self.adopted = session
 
     def describe(self, count: int) -> str:
-        return f"{count} host(s) of {self.inventory} over SSH"
+        return f"{count} host(s) of {self.inventory or 'the run'} over SSH"
+
+    def where_nodes(self, nodes: list[Node]) -> str:
+        return ", ".join(f"{n.name} ({n.address})" for n in nodes)
 
     def nodes(self, count: int | None) -> list[Node]:
         return select_nodes(self.all_nodes, len(self.all_nodes) if count is None else count,
-                            self.inventory)
+                            self.inventory or "the run's hosts")
 
     def gpus(self, nodes: list[Node]) -> list[int]:
         from launcher.nccl.links import facts as catalog_facts
@@ -170,48 +158,140 @@ class SshBackend:
             out.append(node.gpus if node.gpus is not None else (row.gpu_count if row else 0))
         return out
 
-    def plan(self, recipe: Recipe, nodes: list[Node], run_id: str, *, runs_dir: str = "runs",
-             program: Program | None = None, rdzv_port: int | None = None,
-             job: Job | None = None, workdir: Any = None, attempt: int = 0) -> RunPlan:
-        return plan_inventory(recipe, nodes, run_id, rdzv_port=rdzv_port, program=program,
-                              job=job, workdir=workdir, attempt=attempt)
+    def plan(self, request: RunRequest, nodes: list[Node]) -> RunPlan:
+        return plan_inventory(request, nodes)
 
-    def launch(self, recipe: Recipe, nodes: list[Node], run_id: str, options: LaunchOptions,
-               *, program: Program | None = None, rdzv_port: int | None = None,
-               job: Job | None = None, workdir: Any = None) -> dict:
-        """Preflight (the code and the workdir shipped on the way), the run folder, plan with
-        the nodes' facts, setup, run, collect; with `options.recover`, again on replacements
-        of lost machines (launcher/backends/ssh/replace.py)."""
-        if options.recover is not None:
-            from launcher.backends.ssh.replace import launch_recovering
+    def shipment(self, request: RunRequest, uid: str, extra_files: list[str] = ()):
+        """What preflight uploads to every node: launch's node code (and `extra_files` of it:
+        a controller's launcher/), the recipe, the job's workdir."""
+        from launcher.backends.ssh.preflight import Shipment
 
-            return launch_recovering(self, recipe, nodes, run_id, options, program=program,
-                                     rdzv_port=rdzv_port, job=job, workdir=workdir)
-        from launcher.backends.ssh.preflight import Shipment, close_all, preflight
-        from launcher.runs.folder import RunFolder
-
-        job = job or default_job(recipe, program)
-        port = rdzv_port or recipe.rendezvous.port
+        job = request.job
         code_dir = code_root()
         files = code_files(code_dir)
-        recipe_file = Path(recipe.source) if Path(recipe.source).is_file() else None
-        uid = RunFolder.uid_for(options.runs_dir, run_id, options.resume)
-        shipment = Shipment(code_dir, files, content_hash(code_dir, files),
-                            lambda node: node_run_dir(node, run_id, uid), recipe_file,
-                            remove_on_failure=not options.resume, job=job, workdir=workdir,
-                            node_workdir=lambda node: node_workdir(node, job.workdir)
-                            if job.workdir else None)
-        conns, facts = preflight(nodes, recipe, self.options, port, shipment)
+        recipe_file = Path(request.recipe.source) if Path(request.recipe.source).is_file() \
+            else None
+        return Shipment(code_dir, files, content_hash(code_dir, files),
+                        lambda node: node_run_dir(node, request.run_id, uid), recipe_file,
+                        remove_on_failure=not request.resume, job=job,
+                        workdir=request.workdir,
+                        node_workdir=lambda node: node_workdir(node, job.workdir)
+                        if job.workdir else None)
+
+    def open(self, request: RunRequest, nodes: list[Node], uid: str) -> SshSession:
+        """Preflight: every node reached and checked at once, the code and the workdir shipped
+        on the way; every problem of every host reported together, nothing started."""
+        from launcher.backends.ssh.preflight import preflight
+
+        if self.adopted is not None:
+            return self._adopted_session(nodes)
+        shipment = self.shipment(request, uid)
+        port = request.rdzv_port or request.recipe.rendezvous.port
+        conns, facts = preflight(nodes, request.recipe, self.options, port, shipment)
+        return SshSession(self, nodes, conns, facts,
+                          {"sha256": shipment.sha256, "files": shipment.files})
+
+    def _adopted_session(self, nodes: list[Node]) -> SshSession:
+        from launcher.backends.ssh.preflight import NodeFacts, PreflightFailed, close_all
+        from launcher.cluster.ssh import HostProblem, connect
+
+        adopted, self.adopted = self.adopted, None
+        by_name = {n.name: n for n in nodes}
+        answers = in_parallel(lambda name: connect(by_name[name], self.options), by_name)
+        problems = [a if isinstance(a, HostProblem) else HostProblem(name, str(a))
+                    for name, a in answers.items() if isinstance(a, Exception)]
+        conns = {name: a for name, a in answers.items() if not isinstance(a, Exception)}
+        if problems:
+            close_all(conns)
+            raise PreflightFailed(problems)
+        facts = {name: NodeFacts(**{k: v for k, v in f.items() if k != "shipped"},
+                                 shipped=ShippedTo(f["shipped"]) if f.get("shipped") else None)
+                 for name, f in adopted["facts"].items()}
+        return SshSession(self, nodes, conns, facts, adopted.get("code"))
+
+    # ---- detached runs --------------------------------------------------------------------
+    def controller_node(self, nodes: list[Node]) -> Node:
+        return nodes[0]
+
+    def hand_over(self, request: RunRequest, nodes: list[Node]) -> dict[str, Any]:
+        """Preflight from here (the head also gets launch itself, and is checked for what
+        its controller needs), the handover written on the head, the controller started
+        there in a session of its own."""
+        from launcher.backends.ssh.home import (as_seen_from_the_cluster, cluster_key,
+                                                cluster_known_hosts, controller_line,
+                                                controller_runs, INCOMING)
+        from launcher.backends.ssh.preflight import close_all, preflight
+        from launcher.cluster.ssh import remote
+        from launcher.core.node_code import controller_files
+        from launcher.pipeline.handover import handover_doc
+        from launcher.runs.folder import RunFolder
+
+        head = self.controller_node(nodes)
+        uid = RunFolder.uid_for(request.runs_dir, request.run_id, request.resume)
+        shipment = self.shipment(request, uid)
+        extra = controller_files(code_root())
+        shipment = replace(shipment, controller=head.name, controller_files=extra,
+                           controller_sha256=content_hash(code_root(), [*shipment.files, *extra]),
+                           controller_key=cluster_key(head))
+        port = request.rdzv_port or request.recipe.rendezvous.port
+        conns, facts = preflight(nodes, request.recipe, self.options, port, shipment)
         try:
-            folder = RunFolder.for_launch(options.runs_dir, run_id, resume=options.resume,
-                                          uid=uid)
-            plan = plan_inventory(recipe, nodes, run_id, facts, rdzv_port=port, program=program,
-                                  job=job, workdir=workdir, uid=uid,
-                                  attempt=folder.attempt_base())
-            return execute_inventory(plan, nodes, conns, self.options, options,
-                                     {"sha256": shipment.sha256, "files": files}, folder)
+            home = facts[head.name].home
+            runs = _on_node(home, controller_runs(head))
+            incoming = posixpath.join(runs, INCOMING, f"{request.run_id}.{uid}.json")
+            doc = handover_doc(
+                self, request, uid, runs,
+                settings={"controller": True, "nodes": as_seen_from_the_cluster(nodes, head),
+                          "known_hosts": _on_node(home, cluster_known_hosts(head))},
+                facts={name: {**vars(f), "shipped": f.shipped.dest if f.shipped else None}
+                       for name, f in facts.items()},
+                code={"sha256": shipment.sha256, "files": shipment.files})
+            conn = conns[head.name]
+            conn.run(remote("mkdir", "-p", posixpath.dirname(incoming)), hide=True,
+                     in_stream=False, timeout=30)
+            with conn.sftp().open(incoming, "wb") as f:
+                f.write(json.dumps(doc).encode())
+            code_dir = posixpath.join(_on_node(home, node_run_dir(head, request.run_id, uid)),
+                                      "code")
+            started = conn.run(remote(*controller_line(head.python, code_dir, incoming, runs)),
+                               hide=True, warn=True, in_stream=False, timeout=30)
+            pid = started.stdout.strip().splitlines()[-1:] or ["?"]
+            if started.exited != 0 or not pid[0].isdigit():
+                raise LauncherError(f"{head.name}: the run's controller did not start "
+                                    f"({started.stderr.strip()[-300:] or started.exited})")
         finally:
             close_all(conns)
+        return {"run_dir": posixpath.join(runs, request.run_id), "controller": head.name,
+                "pid": int(pid[0]), "where": f"{head.name} ({head.address}), pid {pid[0]}"}
+
+    def describe_hand_over(self, request: RunRequest, nodes: list[Node]) -> list[str]:
+        from launcher.backends.ssh.home import cluster_key, controller_line, controller_runs
+
+        head = self.controller_node(nodes)
+        runs = controller_runs(head)
+        line = controller_line(head.python, posixpath.join(node_run_dir(
+            head, request.run_id, "UID"), "code"), posixpath.join(runs, ".incoming",
+                                                                  f"{request.run_id}.UID.json"),
+            runs)
+        return [f"  on {head.name} ({head.address}): " + " ".join(shlex.quote(a) for a in line),
+                f"  the controller reaches the nodes by their private addresses with the "
+                f"cluster's key {cluster_key(head)} on {head.name}; its run folder: "
+                f"{posixpath.join(runs, request.run_id)} there"]
+
+    def home(self, handle: dict[str, Any]):
+        from launcher.backends.ssh.home import SshHome
+
+        return SshHome(self, handle)
+
+    def controller_of(self, run_id: str) -> str:
+        """Where a detached run's controller would be, for a dry run (connects to nothing)."""
+        head = self.nodes(None)[0]
+        return f"{head.name} ({head.address})"
+
+    def find_run(self, run_id: str, runs_dir: str) -> dict[str, Any] | None:
+        from launcher.backends.ssh.home import find_run
+
+        return find_run(self, run_id)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:
@@ -239,3 +319,73 @@ class SshBackend:
         return GroupResult({name: answer if isinstance(answer, NodeResult)
                             else NodeResult(name, error=str(answer))
                             for name, answer in answers.items()})
+
+
+@dataclass(frozen=True)
+class ShippedTo:
+    """Where a node's workdir went, as a controller is told (launcher/workdir/sync.py's ship
+    stats, of which planning reads only this)."""
+
+    dest: str
+
+
+class SshSession:
+    """One attempt over SSH: a connection per node, opened by preflight, kept to the end."""
+
+    def __init__(self, backend: SshBackend, nodes: list[Node], conns: dict, facts: dict,
+                 code: dict):
+        self.backend, self.nodes, self.conns, self.facts = backend, nodes, conns, facts
+        self.code = code
+        self.by_node = {n.name: n for n in nodes}
+        self.procs: dict[str, Any] = {}   # the node agents, by node (their connections)
+
+    def plan(self, request: RunRequest, uid: str, attempt: int) -> RunPlan:
+        return plan_inventory(request, self.nodes, self.facts, uid=uid, attempt=attempt)
+
+    def announce(self) -> list[str]:
+        return []   # preflight said it already
+
+    def code_record(self) -> dict | None:
+        return self.code
+
+    def process(self, command: NodeCommand, stamp: str, label: str | None = None):
+        from launcher.backends.ssh.agent import SshNodeProcess
+
+        node = self.by_node[command.name]
+        proc = SshNodeProcess(command, node, self.conns[command.name], self.backend.options,
+                              stamp, label=label)
+        if label is None:
+            self.procs[command.name] = proc
+        return proc
+
+    def run(self, command: NodeCommand, stamp: str, label: str, line) -> int | None:
+        return self.process(command, stamp, label).run_to_end(line)
+
+    def collect(self, plan: RunPlan, folder, skip: set[str] = frozenset()) -> None:
+        """Whatever of the run still lives on a node (a job's child in a session of its own:
+        found by the run's stamp, never by name) reaped, and the node's folder fetched."""
+        from launcher.backends.ssh.agent import fetch_tree
+
+        commands = {c.name: c for c in plan.nodes}
+
+        def fetch(name: str):
+            proc = self.procs.get(name)
+            if proc is None:
+                return None
+            try:
+                proc.reap()
+            except Exception as err:  # noqa: BLE001 (the fetch still goes on)
+                print(f"launch: warning: node {name}: could not look for leftovers: {err}")
+            return fetch_tree(proc.connection(), commands[name].run_dir, folder.node_dir(name))
+
+        # `skip`: nodes whose machine is gone, and its files with it.
+        for name, result in in_parallel(fetch, [n for n in commands if n not in skip]).items():
+            if isinstance(result, Exception):
+                print(f"launch: warning: {result}")
+        for proc in self.procs.values():
+            proc.close()
+
+    def close(self) -> None:
+        from launcher.backends.ssh.preflight import close_all
+
+        close_all(self.conns)

@@ -146,6 +146,14 @@ if port:
         except OSError as err:
             out["port_free"] = False
             out["port_error"] = err.strerror
+if "controller_key" in args:
+    # A detached run's controller runs launch here with this interpreter, and reaches the
+    # other nodes with the cluster's key: what it lacks is said now, not by a dead controller.
+    import importlib.util
+    out["controller_missing"] = [m for m in ("pydantic", "yaml", "fabric", "paramiko")
+                                 if importlib.util.find_spec(m) is None]
+    key = os.path.expanduser(args["controller_key"])
+    out["controller_key"] = key if os.path.isfile(key) and os.access(key, os.R_OK) else None
 job = None
 if args.get("unpack"):
     try:
@@ -232,8 +240,11 @@ class NodeProbe:
     once launch has them (after the workdir's ship)."""
 
     def __init__(self, conn: Connection, node: Node, port: int,
-                 code: tuple[str, list[str]] | None = None, unpack_to: str | None = None):
+                 code: tuple[str, list[str]] | None = None, unpack_to: str | None = None,
+                 controller_key: str | None = None):
         args: dict = {"addr": node.private_address, "port": port, "env_file": node.env_file}
+        if controller_key is not None:
+            args["controller_key"] = controller_key
         if code:
             args.update(code_dir=code[0], files=code[1])
         if unpack_to:
@@ -276,6 +287,18 @@ def check_node(node: Node, facts: dict, is_head: bool, port: int,
         problems.append(HostProblem(node.name, f"the code on the node hashes to {got[:40]}, "
                                                f"launch's copy to {code_hash[:12]}: the copy "
                                                "did not arrive intact (disk full?)"))
+    if facts.get("controller_missing"):
+        problems.append(HostProblem(node.name, f"the controller of a detached run runs launch "
+                                               f"here with {node.python}, which cannot import "
+                                               f"{', '.join(facts['controller_missing'])}: run "
+                                               "`launch setup` (role python_env installs them) "
+                                               "or run attached"))
+    if "controller_key" in facts and facts["controller_key"] is None:
+        problems.append(HostProblem(node.name, "the controller of a detached run reaches the "
+                                               "other nodes with the cluster's own key, which "
+                                               "is not on this host (launch_cluster_key): run "
+                                               "`launch setup` (role cluster_ssh makes it) or "
+                                               "run attached"))
     if "torch_error" in facts:
         problems.append(HostProblem(node.name, f"{node.python} cannot import torch "
                                                f"({facts['torch_error']}): run `launch setup` or "
@@ -315,13 +338,36 @@ class Shipment:
     job: object = None
     workdir: object = None
     node_workdir: Callable[[Node], str | None] = lambda node: None
+    # A detached run's controller host also gets launch itself (launcher/), and checks it can
+    # run it (launch's own dependencies, the cluster key): `controller_files`, hashed apart.
+    controller: str | None = None
+    controller_files: list[str] = ()
+    controller_sha256: str | None = None
+    controller_key: str | None = None
+
+    def files_for(self, node: Node) -> list[str]:
+        return [*self.files, *self.controller_files] if node.name == self.controller \
+            else self.files
+
+    def sha256_for(self, node: Node) -> str:
+        return self.controller_sha256 if node.name == self.controller else self.sha256
 
     @functools.cached_property
     def payload(self) -> bytes:
+        return self._payload(self.files)
+
+    @functools.cached_property
+    def controller_payload(self) -> bytes:
+        return self._payload([*self.files, *self.controller_files])
+
+    def payload_for(self, node: Node) -> bytes:
+        return self.controller_payload if node.name == self.controller else self.payload
+
+    def _payload(self, files: list[str]) -> bytes:
         """The code (under code/) and the recipe (recipe.yml) as the probe unpacks them."""
         from pathlib import Path
 
-        sources = {posixpath.join("code", rel): Path(self.local_dir) / rel for rel in self.files}
+        sources = {posixpath.join("code", rel): Path(self.local_dir) / rel for rel in files}
         if self.recipe_file is not None:
             sources["recipe.yml"] = Path(self.recipe_file)
         return json.dumps({rel: base64.b64encode(path.read_bytes()).decode()
@@ -364,14 +410,17 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
             raw[name] = NodeProbe(conn, node, port).facts()
             return
         where = shipment.remote_dir(node)
-        started = NodeProbe(conn, node, port, (posixpath.join(where, "code"), shipment.files),
-                            unpack_to=where)
+        started = NodeProbe(conn, node, port, (posixpath.join(where, "code"),
+                                               shipment.files_for(node)), unpack_to=where,
+                            controller_key=shipment.controller_key
+                            if node.name == shipment.controller else None)
         try:
             workdir = ship_workdir(conn, node, name)
         except BaseException:
             started.close()
             raise
-        raw[name] = started.facts(shipment.payload, job_check(shipment.job, workdir, recipe))
+        raw[name] = started.facts(shipment.payload_for(node),
+                                  job_check(shipment.job, workdir, recipe))
 
     def ship_workdir(conn: Connection, node: Node, name: str) -> str | None:
         """The copy of the job's workdir the node uses, shipped (while the probe runs)."""
@@ -388,7 +437,6 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         return stats.dest
 
     answers = in_parallel(one, list(by_name))
-    expected = shipment.sha256 if shipment else None
     for node in nodes:
         err = answers[node.name]
         if isinstance(err, HostProblem):
@@ -396,7 +444,8 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         elif isinstance(err, Exception):
             problems.append(HostProblem(node.name, f"preflight failed: {err}"))
         else:
-            problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port, expected)
+            problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port,
+                                   shipment.sha256_for(node) if shipment else None)
     versions = {raw[n]["torch"] for n in raw if "torch" in raw[n]}
     if len(versions) > 1:
         per_host = ", ".join(f"{n}: {raw[n]['torch']}" for n in raw if "torch" in raw[n])

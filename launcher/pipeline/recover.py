@@ -18,8 +18,10 @@ steps above). Every step is said on stderr and kept in the run folder's recoveri
 which the run's summary.json carries as `recoveries`; the fleet keeps its own record (the
 cluster's ledger: `launch status` shows recoveries and what they cost).
 
-Within an attempt, a node agent whose machine is gone is not restarted there (LaunchOptions
-.node_lost): the attempt ends at once and the recovery begins.
+Within an attempt, a node agent whose machine is gone is not restarted there (run_attempt's
+`node_lost`): the attempt ends at once and the recovery begins. Any backend whose inventory
+names where its machines come from can do this; each says whether it can
+(`machine recovery` in its capabilities).
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError, RunFailed
-from launcher.execute.backend import Recover
+from launcher.execute.attempt import run_attempt
+from launcher.job.request import Recover, RunRequest
 
 
 class Fleet(Protocol):
@@ -114,22 +116,27 @@ def _resumed_from(run_dir: Path) -> int | None:
         return None
 
 
-def launch_recovering(backend: Any, recipe: Any, nodes: list[Node], run_id: str,
-                      options: Any, **launch: Any) -> dict:
-    """backend.launch, again on replacements while machines are lost and recoveries left."""
-    policy: Recover = options.recover
+def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, display=None,
+                   folder=None) -> dict:
+    """run_attempt, again on replacements while machines are lost and recoveries left."""
+    policy: Recover = request.recover
     fleet = fleet_of(nodes)
-    run_dir = Path(options.runs_dir).resolve() / run_id
-    mirrored = recipe.checkpoint is not None and recipe.checkpoint.mirror is not None
+    run_dir = Path(request.runs_dir).resolve() / request.run_id
+    mirrored = request.recipe.checkpoint is not None and \
+        request.recipe.checkpoint.mirror is not None
     if not mirrored:
         say("warning: the recipe has no checkpoint.mirror: a lost head takes its checkpoints "
             "with it, and its replacement starts the run over")
-    current, resume = list(nodes), options.resume
+    current, resume = list(nodes), request.resume
     while True:
-        attempt = replace(options, recover=None, resume=resume, node_lost=fleet.gone)
+        by_name = {n.name: n for n in current}
         try:
-            summary = backend.launch(recipe, current, run_id, attempt, **launch)
+            summary = run_attempt(backend, request.with_(resume=resume), current,
+                                  display=display, folder=folder,
+                                  node_lost=lambda name: fleet.gone(by_name[name])
+                                  if name in by_name else None)
         except RunFailed as failed:
+            folder = None   # the next attempt begins in the run's folder
             book = RecoveryBook(run_dir)
             lost = {n.name: why for n in current if (why := fleet.gone(n))}
             if not lost:
@@ -145,13 +152,12 @@ def launch_recovering(backend: Any, recipe: Any, nodes: list[Node], run_id: str,
             detected = time.monotonic()
             for name, why in lost.items():
                 node = next(n for n in current if n.name == name)
-                new = recover_one(fleet, node, why, policy, book, run_id, detected)
+                new = recover_one(fleet, node, why, policy, book, request.run_id, detected)
                 current = [new if n.name == name else n for n in current]
-            check_and_gate(fleet, backend, recipe, current, run_id, options, book, detected,
-                           policy)
+            check_and_gate(fleet, backend, request, current, book, detected, policy)
             book.save()
             resume = True
-            say(f"resuming run {run_id} on {', '.join(n.name for n in current)}")
+            say(f"resuming run {request.run_id} on {', '.join(n.name for n in current)}")
             continue
         book = RecoveryBook(run_dir)
         if book.entries:
@@ -203,14 +209,13 @@ def recover_one(fleet: Fleet, node: Node, why: str, policy: Recover, book: Recov
     return new
 
 
-def check_and_gate(fleet: Fleet, backend: Any, recipe: Any, nodes: list[Node], run_id: str,
-                   options: Any, book: RecoveryBook, detected: float,
-                   policy: Recover) -> None:
+def check_and_gate(fleet: Fleet, backend: Any, request: RunRequest, nodes: list[Node],
+                   book: RecoveryBook, detected: float, policy: Recover) -> None:
     """`launch check` on the new nodes, then the collective gate over all of them; then the
     fleet records each recovery with what it cost (every node waited: the cluster's price
     for the time from the loss to the restart)."""
-    from launcher.check.collective_gate import gate_before_run
     from launcher.check.probe import check_nodes
+    from launcher.pipeline.gate import gate_before_run
 
     fresh = [e for e in book.entries if "checked_s" not in e and "failed" not in e]
     new_names = {e["replacement"] for e in fresh}
@@ -230,8 +235,8 @@ def check_and_gate(fleet: Fleet, backend: Any, recipe: Any, nodes: list[Node], r
     t0 = time.monotonic()
     if len(nodes) > 1:
         try:
-            gate_before_run(backend, recipe, nodes, run_id=f"{run_id}-recovery{len(book.entries)}",
-                            runs_dir=options.runs_dir, exclude_bad=False, grace_s=options.grace_s,
+            gate_before_run(backend, request.with_(exclude_bad=False), nodes,
+                            run_id=f"{request.run_id}-recovery{len(book.entries)}",
                             stream=sys.stderr)
         except LauncherError as err:
             for entry in fresh:

@@ -1,4 +1,14 @@
-"""Carry out a RunPlan with node processes: run folder, streaming, fail-fast, summary."""
+"""One attempt of a run, the same on every backend: preflight (the backend's session: every
+node reached and checked, code and workdir shipped), the run folder, the plan with what
+preflight found, setup and the mirror's restores, the rendezvous store and the sidecars, the
+nodes supervised (fail-fast, restarts, the hang watch), their folders collected, summary.json
+and the run report.
+
+    run_attempt(backend, request, nodes)   -> summary, or RunFailed (logs and summary kept)
+
+launcher/pipeline/ runs attempts (the gate first, machine recovery between them); a backend
+supplies only its Session (launcher/execute/backend.py).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +17,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from launcher.core.errors import RunFailed
-from launcher.execute.prepare import PrepareFailed
+from launcher.execute.prepare import PrepareFailed, preparation
 from launcher.execute.recovery import Recovery
-from launcher.execute.sidecar import EXIT_PREEMPTED
+from launcher.job.request import RunRequest
+from launcher.execute.sidecar import EXIT_PREEMPTED, Preemptions, Sidecar
 from launcher.execute.supervisor import NodeExit, NodeProcess, Outcome, supervise
+from launcher.job.mirror import DRAIN_S
 from launcher.job.runplan import RunPlan
 from launcher.report.display import make_display
 from launcher.runs.folder import RunFolder
@@ -36,6 +48,45 @@ TRAINER_FACTS = ("steps", "images_per_sec", "final_loss", "eval_accuracy", "trai
                  # every rank's step split as step_split's (means: compute, data wait, exposed
                  # communication wait).
                  "stragglers", "rank_times")
+
+
+def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
+                node_lost: Callable[[str], str | None] | None = None,
+                folder: RunFolder | None = None) -> dict[str, Any]:
+    """One attempt of `request` on `nodes`: the summary, or RunFailed after writing it.
+    `folder`: the run folder when the client made it already (a handed-over run's first
+    attempt); else made here (a new one, or the next attempt of a resumed run). `node_lost`:
+    why a node's machine is gone (launcher/pipeline/recover.py), or None."""
+    uid = folder.uid if folder is not None and folder.uid else \
+        RunFolder.uid_for(request.runs_dir, request.run_id, request.resume)
+    def lost(plan: RunPlan) -> set[str]:
+        return {c.name for c in plan.nodes if node_lost is not None and node_lost(c.name)}
+
+    session = backend.open(request, nodes, uid)   # PreflightFailed: nothing was made
+    try:
+        if folder is None:
+            folder = RunFolder.for_launch(request.runs_dir, request.run_id,
+                                          resume=request.resume, uid=uid)
+        plan = session.plan(request, uid, folder.attempt_base())
+        code = session.code_record()
+        if code is not None:
+            # Every node provably runs the same code: the hash each node computed is this one.
+            folder.write_json("code.json", code)
+        procs = [session.process(cmd, folder.stamp) for cmd in plan.nodes]
+        store = session.process(plan.store, folder.stamp, "store") if plan.store else None
+        notices = Preemptions()
+        services = [Sidecar(session.process(cmd, folder.stamp, "spot"), "spot watcher",
+                            notices.line) for cmd in plan.spot]
+        if plan.mirror is not None:
+            services.insert(0, Sidecar(session.process(plan.mirror.watch, folder.stamp, "mirror"),
+                                       "checkpoint mirror", drain_s=DRAIN_S))
+        return execute_plan(
+            plan, folder, procs, display=display, grace_s=request.grace_s, store=store,
+            services=services, after=lambda: session.collect(plan, folder, lost(plan)),
+            prepare=preparation(session, plan, backend.capabilities.shared_files),
+            verdict=notices.judge, node_lost=node_lost, backend=backend.name)
+    finally:
+        session.close()
 
 
 def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: str,
@@ -91,7 +142,7 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
     if outcome.status != "succeeded":
         summary["failure"] = {
             "reason": outcome.reason,
-            "interrupted": outcome.status == "interrupted",
+            "interrupted": outcome.status in ("interrupted", "stopped"),
             "first_failed_node": outcome.first_failure,
             # How long stopping every other node took (SIGTERM, then SIGKILL after --grace).
             "stopped_in_s": None if outcome.stop_latency_s is None
@@ -108,7 +159,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  extra: Callable[[], dict[str, Any]] | None = None,
                  prepare: Callable[..., None] | None = None,
                  verdict: Callable[[Outcome], Outcome] | None = None,
-                 node_lost: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+                 node_lost: Callable[[str], str | None] | None = None,
+                 backend: str | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
@@ -118,7 +170,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
     restarted there)."""
     display = display or make_display()
-    folder.write_json("plan.json", plan.to_json())
+    folder.write_json("plan.json", {**plan.to_json(), **({"backend": backend} if backend else {})})
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
                         plan.recovery.restart_deadline_s, folder.root,
@@ -151,6 +203,11 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         display.close()
     if verdict is not None:
         outcome = verdict(outcome)
+    stop = folder.stop_request() if outcome.status == "interrupted" else None
+    if stop is not None:
+        # `launch stop` sent the signal: asked for, not an accident.
+        outcome.status = "stopped"
+        outcome.reason = f"stopped by `launch stop` ({stop.get('by', 'someone')})"
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
@@ -167,7 +224,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
         from launcher.report.build import print_run_report, write_run_report
 
-        if outcome.status == "interrupted":
+        if outcome.status in ("interrupted", "stopped"):
             write_run_report(folder.root)   # kept, not shown: no advice after a Ctrl-C
         else:
             print_run_report(folder.root)
@@ -185,13 +242,15 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     hang = summary["hang"]
     if hang is not None and hang["action"] == "stop":
         lines.append(f"stacks of every rank: {folder.root / 'hang'}/ (summary.json `hang`)")
-    if failed and failed in tails and tails[failed] and outcome.status != "interrupted":
+    if failed and failed in tails and tails[failed] and \
+            outcome.status not in ("interrupted", "stopped"):
         lines.append(f"last lines of node {failed}, its workers' own error first (full log: "
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
     lines.append(f"logs and summary kept in {folder.root}")
     code = EXIT_INTERRUPTED if outcome.status == "interrupted" else \
-        EXIT_PREEMPTED if outcome.status == "preempted" else 1
+        EXIT_PREEMPTED if outcome.status == "preempted" else \
+        128 + signal.SIGTERM if outcome.status == "stopped" else 1
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)

@@ -1,0 +1,146 @@
+"""Detached runs: the pipeline handed to a controller where the run lives, and followed from
+wherever the user is.
+
+    hand_over(backend, request)       the backend places the pipeline (its run folder made,
+                                      handover.json written, the controller started:
+                                      launcher/commands/controller.py) and says where; this
+                                      machine keeps runs/<id>/detached.json, which attach,
+                                      logs, stop, fetch and `launch runs` read
+    attach(home, display)             the run's console (launcher/runs/console.py) replayed onto
+                                      this terminal until the run ends: its end event, exit code
+                                      and error message are the run's, as if it had run attached
+
+The client may die or lose its connection at any time after hand_over returns: nothing of the
+run depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.core import safefile
+from launcher.core.errors import LauncherError, RunFailed
+from launcher.job.request import RunRequest
+from launcher.execute.supervisor import StopRequest
+from launcher.report.display import make_display
+from launcher.runs.console import CONSOLE, EventReader, replay
+
+HANDOVER = "handover.json"       # in the run folder: what the controller runs (request, backend)
+DETACHED = "detached.json"       # in this machine's runs/<id>/: where the run lives
+CONTROLLER = "controller.json"   # in the run folder: the controller's pid, host, end
+CONTROLLER_LOG = "controller.log"
+GONE_GRACE_S = 10.0              # a controller gone without an end event: looked at again
+
+
+def say(text: str) -> None:
+    print(f"launch: {text}", file=sys.stderr, flush=True)
+
+
+def handover_doc(backend, request: RunRequest, uid: str, runs_dir: str,
+                 **session: Any) -> dict[str, Any]:
+    """handover.json: the request as the controller sees it (its runs folder), how it makes
+    the backend again, the run's uid, and what the client found already (`session`)."""
+    return {"request": request.with_(runs_dir=runs_dir).to_json(),
+            "backend": {"name": backend.name, "settings": session.pop("settings", None)
+                        or backend.to_json()},
+            "uid": uid, "session": session}
+
+
+def hand_over(backend, request: RunRequest) -> dict[str, Any]:
+    """The run started where it lives; its handle (kept in runs/<id>/detached.json)."""
+    nodes = backend.nodes(request.count)
+    handle = backend.hand_over(request, nodes)
+    handle = {"run_id": request.run_id, "backend": backend.name,
+              "settings": backend.to_json(), **handle}
+    local = Path(request.runs_dir).resolve() / request.run_id
+    safefile.make_dirs(local, within=local.parent)
+    safefile.write_json(local / DETACHED, handle, within=local.parent)
+    if request.detach:
+        say(f"run {request.run_id} detached: its pipeline runs on {handle['where']}")
+        say(f"follow it: launch attach {request.run_id}; its logs: launch logs "
+            f"{request.run_id} [-f]; stop it: launch stop {request.run_id}")
+    return handle
+
+
+def describe_hand_over(backend, request: RunRequest, nodes: list) -> list[str]:
+    """What --dry-run says a detached run would start, and where."""
+    lines = [f"detached: the pipeline would run on {backend.capabilities.controller}"]
+    lines += backend.describe_hand_over(request, nodes)
+    return lines
+
+
+def follow_handed_over(backend, handle: dict[str, Any], display=None) -> dict[str, Any]:
+    """`launch run` on a backend that hands every run over (Slurm): attached to it, Ctrl-C
+    stops the run (SIGTERM too); the run's end is this command's."""
+    home = backend.home(handle)
+    end = attach(home, display, on_signal="stop")
+    return finish(home, end)
+
+
+def finish(home, end: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary once it ended (what only the run's home knows at its end added:
+    a Slurm job's final state); RunFailed with its message and exit code otherwise, led by
+    why the run's home ended it when it did (Slurm's time limit, a cancel from outside)."""
+    home.settle()
+    code = int(end.get("code", 1))
+    if code != 0:
+        message = str(end.get("message") or f"the run ended with exit code {code}")
+        why = home.ending()
+        raise RunFailed(f"{why}\n{message}" if why else message, exit_code=code)
+    raw = home.read("summary.json", 16 << 20)
+    try:
+        return json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+
+
+def attach(home, display=None, *, on_signal: str = "detach",
+           out=None, err=None) -> dict[str, Any]:
+    """The run's console replayed here from its start until its end event (returned). A
+    signal (Ctrl-C) detaches (`on_signal="detach"`: the run goes on) or asks the run to stop
+    and goes on following it until it ended (`"stop"`; a second one stops it at once)."""
+    display = display or make_display()
+    out, err = out or sys.stdout, err or sys.stderr
+    reader = EventReader()
+    end: dict[str, Any] | None = None
+    gone_since: list[float] = []
+
+    def gone() -> bool:
+        """The controller is not there, and has not been for a while (an end event may still
+        be on its way through a shared filesystem)."""
+        if home.alive() is not False:
+            gone_since.clear()
+            return False
+        gone_since.append(time.monotonic())
+        return time.monotonic() - gone_since[0] > GONE_GRACE_S
+
+    asked = 0
+    with StopRequest() as request:
+        try:
+            for chunk in home.follow(CONSOLE, 0, gone):
+                for event in reader.feed(chunk):
+                    if event["k"] == "end":
+                        end = event
+                        break
+                    replay(event, display, out, err)
+                if end is not None:
+                    break
+                if request.count > asked:
+                    asked = request.count
+                    if on_signal == "detach":
+                        raise RunFailed(f"detached from run {home.run_id}; it goes on "
+                                        f"({home.where}): `launch attach {home.run_id}` follows "
+                                        "it again", exit_code=130)
+                    # A second one too: the controller's supervisor stops the nodes at once then.
+                    display.message(home.stop(request.signum or signal.SIGTERM))
+        finally:
+            display.close()
+    if end is None:
+        raise LauncherError(f"the controller of run {home.run_id} ({home.where}) ended without "
+                            f"saying how the run ended; its log: {home.log_hint()}")
+    return end
