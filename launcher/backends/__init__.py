@@ -39,6 +39,7 @@ class Where:
 
     name: str = local_options.NAME
     settings: dict[str, Any] = field(default_factory=dict)
+    given: bool = False   # a flag named it (else: the default, this machine)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "settings": self.settings}
@@ -55,7 +56,8 @@ def options_of(name: str):
 def where_from_values(values: dict[str, Any]) -> Where:
     """The backend the flags select, its settings from its own flags; a backend's flag given
     without that backend is refused, naming both."""
-    chosen = next((entry for entry in TABLE if entry.selected(values)), TABLE[-1])
+    given = next((entry for entry in TABLE if entry.selected(values)), None)
+    chosen = given or TABLE[-1]
     for entry in TABLE:
         if entry is chosen:
             continue
@@ -67,7 +69,7 @@ def where_from_values(values: dict[str, Any]) -> Where:
             raise LauncherError(f"{', '.join(stray)}: {'these go' if len(stray) > 1 else 'it goes'}"
                                 f" with {selector} ({entry.NAME}), not with "
                                 f"{chosen.NAME}")
-    return Where(chosen.NAME, chosen.settings(values))
+    return Where(chosen.NAME, chosen.settings(values), given is not None)
 
 
 def _stderr(text: str) -> None:
@@ -78,7 +80,7 @@ def backend_for(where: Where, local_count: int, say: Callable[[str], None] = _st
     """The backend `where` names. Without an inventory, a cluster or Slurm the run stays on
     this machine, and `say` tells so in one line (on stderr, so that --json output stays
     clean) unless it was asked for; `local_count` is the number of nodes it announces."""
-    if where.name == local_options.NAME and not where.settings.get("explicit"):
+    if not where.given:
         say(f"launch: no inventory given: {local_count} node{'s' if local_count != 1 else ''} "
             "on this machine (-i INVENTORY or --cluster NAME runs on hosts over SSH, --slurm "
             "on a Slurm cluster)")
@@ -90,3 +92,42 @@ def backend_named(name: str, settings: dict[str, Any]) -> Backend:
     module is imported only now (paramiko, fabric: not for a command that never connects)."""
     module, _, cls = options_of(name).BACKEND.partition(":")
     return getattr(importlib.import_module(module), cls).from_settings(settings)
+
+
+def capabilities_table() -> str:
+    """docs/backends.md's table of what every backend does, attached and detached, made from
+    their declarations (tests/run/test_architecture.py holds the docs equal to it). A "no"
+    points at its reason below the table."""
+    from launcher.execute.backend import FEATURES
+
+    backends = [backend_named(entry.NAME, {}) for entry in reversed(TABLE)
+                if entry.NAME != "ssh"] + [_ssh_for_docs()]
+    backends.sort(key=lambda b: [e.NAME for e in reversed(TABLE)].index(b.name))
+    head = ["feature"] + [f"{b.name} {mode}" for b in backends for mode in ("attached",
+                                                                              "detached")]
+    rows, reasons = [], {}
+    for feature in FEATURES:
+        row = [feature]
+        for backend in backends:
+            for detached in (False, True):
+                support = backend.capabilities.support(feature, detached)
+                if support.ok:
+                    row.append("yes")
+                    continue
+                key = (backend.name, support.why)
+                number = reasons.setdefault(key, len(reasons) + 1)
+                row.append(f"no ({number})")
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines.append("")
+    lines += [f"{n}. {name}: {why}" for (name, why), n in reasons.items()]
+    lines += ["", "Where a detached run's pipeline lives: "
+              + "; ".join(f"{b.name}: {b.capabilities.controller}" for b in backends) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _ssh_for_docs():
+    """The SSH backend without an inventory (its capabilities are the class's)."""
+    module, _, cls = options_of("ssh").BACKEND.partition(":")
+    return getattr(importlib.import_module(module), cls)(None, nodes=[])

@@ -25,11 +25,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_where_arguments(p)
 
 
-def _given(args) -> bool:
-    where = where_from_args(args)
-    return where.name != "local" or bool(where.settings.get("explicit"))
-
-
 class Located:
     """A run: its backend and its home (launcher/execute/backend.py RunHome), or its folder
     here when it is not detached."""
@@ -46,19 +41,28 @@ class Located:
         return self.home is not None
 
 
+def recorded(run_id: str, runs_dir: str) -> Located | None:
+    """A run this machine handed over, from its record (runs/<id>/detached.json)."""
+    local = Path(runs_dir).resolve() / run_id
+    record = local / "detached.json"
+    if not safefile.is_file(record, within=local.parent):
+        return None
+    try:
+        handle = json.loads(safefile.read_bytes(record, "detached.json", max_bytes=1 << 20))
+        backend = backend_named(handle["backend"], handle.get("settings") or {})
+    except (ValueError, KeyError, TypeError) as err:
+        raise LauncherError(f"{record}: not a record launch wrote ({err}); remove it, or "
+                            "name where the run lives (-i/--cluster/--slurm)") from None
+    return Located(run_id, backend, handle, backend.home(handle), local)
+
+
 def locate(args, dry_run: bool = False) -> Located:
     run_id = check_run_id(args.run_id, "RUN_ID")
     local = Path(args.runs_dir).resolve() / run_id
-    record = local / "detached.json"
-    if safefile.is_file(record, within=local.parent):
-        try:
-            handle = json.loads(safefile.read_bytes(record, "detached.json", max_bytes=1 << 20))
-            backend = backend_named(handle["backend"], handle.get("settings") or {})
-        except (ValueError, KeyError, TypeError) as err:
-            raise LauncherError(f"{record}: not a record launch wrote ({err}); remove it, or "
-                                "name where the run lives (-i/--cluster/--slurm)") from None
-        return Located(run_id, backend, handle, backend.home(handle), local)
-    if _given(args):
+    found = recorded(run_id, args.runs_dir)
+    if found is not None:
+        return found
+    if where_from_args(args).given:
         from launcher.backends import backend_for
 
         backend = backend_for(where_from_args(args), 1, say=lambda _: None)

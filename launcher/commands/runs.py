@@ -54,17 +54,51 @@ def _number(value: float | None, form: str) -> str:
 
 def _row(s) -> tuple[str, ...]:
     status = s.status + (f", {len(s.leftover_pids)} process(es) left" if s.leftover_pids
-                         else "")
+                         else "") + (f" ({s.where})" if s.where else "")
     return (s.run_id, s.recipe or "-", s.backend or "-",
             "-" if s.nodes is None else str(s.nodes), status, s.started_at or "-",
             _duration(s.duration_s), "-" if s.steps is None else str(s.steps),
             _number(s.loss, ".4f"), _number(s.accuracy, ".2%"))
 
 
+def ask_detached(runs_dir: str, states: list, timeout: float = 10.0) -> None:
+    """A detached run's state, asked where it lives (all at once, each bounded): running
+    there, or ended (`launch fetch` brings its folder and summary here)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from launcher.commands.detached import recorded
+
+    def ask(state) -> str:
+        run = recorded(state.run_id, runs_dir)
+        alive = run.home.alive()
+        if alive is None:
+            return "unknown"
+        if alive:
+            return "running"
+        summary = run.home.read("summary.json", 1 << 20)
+        try:
+            return "ended: " + str(json.loads(summary or b"{}").get("status", "unknown"))
+        except ValueError:
+            return "ended"
+
+    if not states:
+        return
+    pool = ThreadPoolExecutor(max_workers=min(16, len(states)))
+    futures = {pool.submit(ask, s): s for s in states}
+    done, _ = wait(futures, timeout=timeout)
+    for future, state in futures.items():
+        if future in done and future.exception() is None:
+            state.status = f"detached, {future.result()}"
+        else:
+            state.status = "detached, not reachable now"
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def main(args) -> int:
     from launcher.runs.leftovers import runs_in, stop
 
     states = runs_in(args.runs_dir)
+    ask_detached(args.runs_dir, [s for s in states if s.status == "detached"])
     if args.stop:
         match = [s for s in states if s.run_id == args.stop]
         if not match:

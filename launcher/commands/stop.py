@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from launcher.backends.local.home import FolderHome, stop_doc
+    from launcher.backends.local.home import FolderHome
     from launcher.runs.console import pid_alive
     from launcher.runs.leftovers import is_launch
 

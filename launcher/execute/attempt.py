@@ -83,7 +83,7 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
         return execute_plan(
             plan, folder, procs, display=display, grace_s=request.grace_s, store=store,
             services=services, after=lambda: session.collect(plan, folder, lost(plan)),
-            prepare=preparation(session, plan, backend.capabilities.shared_files),
+            prepare=preparation(session, plan, backend.capabilities.one_machine),
             verdict=notices.judge, node_lost=node_lost, backend=backend.name)
     finally:
         session.close()

@@ -73,15 +73,16 @@ class CommandLog:
         return "\n".join(f"  {line}" for line in self.tail[-count:]) or "  (no output)"
 
 
-def setup_commands(plan: RunPlan, shared_files: bool) -> list[NodeCommand]:
-    """Setup as one command per node (in the workdir, with the job's environment): once on the
-    head where the nodes share one copy of the workdir (its lock would make the others skip
-    it anyway), else on every node."""
+def setup_commands(plan: RunPlan, one_machine: bool) -> list[NodeCommand]:
+    """Setup as one command per node (in the workdir, with the job's environment): once where
+    the nodes are processes of one machine, else on every node, where a copy the nodes share
+    (Slurm's shared filesystem, an NFS home) lets the first run it under its lock and the
+    others find it done (launcher/job/setup.py)."""
     job = plan.job
     if not job.setup:
         return []
     key = setup_key(plan.workdir.digest if plan.workdir is not None else None, job.setup)
-    nodes = plan.nodes[:1] if shared_files else plan.nodes
+    nodes = plan.nodes[:1] if one_machine else plan.nodes
     return [replace(node, argv=tuple(setup_argv(key, job.setup))) for node in nodes]
 
 
@@ -111,11 +112,11 @@ def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> Non
                                       f"{type(err).__name__}: {err}")
 
 
-def preparation(session: Any, plan: RunPlan, shared_files: bool
+def preparation(session: Any, plan: RunPlan, one_machine: bool
                 ) -> Callable[[Any, Callable[[str], None], Any], None]:
     """What every run does before its job, for execute_plan's `prepare`: say what preflight
     shipped, run setup, then the mirror's restores (each on its nodes at once)."""
-    setups = setup_commands(plan, shared_files)
+    setups = setup_commands(plan, one_machine)
     restores = list(plan.mirror.restore) if plan.mirror is not None else []
 
     def prepare(router, notify: Callable[[str], None], folder) -> None:

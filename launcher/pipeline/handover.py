@@ -86,12 +86,17 @@ def finish(home, end: dict[str, Any]) -> dict[str, Any]:
     """The run's summary once it ended (what only the run's home knows at its end added:
     a Slurm job's final state); RunFailed with its message and exit code otherwise, led by
     why the run's home ended it when it did (Slurm's time limit, a cancel from outside)."""
-    home.settle()
     code = int(end.get("code", 1))
+    why = home.ending() if code != 0 else None
+    if why:
+        # Not the run, not launch: its home ended it (Slurm's time limit, a cancel from
+        # outside); the run failed, whatever its pipeline saw (the signal Slurm sent).
+        home.settle(status="failed", reason=why)
+        raise RunFailed(f"{why}\n{end.get('message') or ''}".rstrip(), exit_code=1)
+    home.settle()
     if code != 0:
-        message = str(end.get("message") or f"the run ended with exit code {code}")
-        why = home.ending()
-        raise RunFailed(f"{why}\n{message}" if why else message, exit_code=code)
+        raise RunFailed(str(end.get("message") or f"the run ended with exit code {code}"),
+                        exit_code=code)
     raw = home.read("summary.json", 16 << 20)
     try:
         return json.loads(raw or b"{}")
@@ -120,7 +125,8 @@ def attach(home, display=None, *, on_signal: str = "detach",
         return time.monotonic() - gone_since[0] > GONE_GRACE_S
 
     asked = 0
-    with StopRequest() as request:
+    request = StopRequest()
+    with request:
         try:
             for chunk in home.follow(CONSOLE, 0, gone):
                 for event in reader.feed(chunk):
@@ -141,6 +147,23 @@ def attach(home, display=None, *, on_signal: str = "detach",
         finally:
             display.close()
     if end is None:
-        raise LauncherError(f"the controller of run {home.run_id} ({home.where}) ended without "
-                            f"saying how the run ended; its log: {home.log_hint()}")
+        return no_end(home, asked and request.signum)
     return end
+
+
+def no_end(home, signum: int | None) -> dict[str, Any]:
+    """The run's controller is gone without its end event: it never started (cancelled while
+    it waited), or its home ended it (a Slurm job cancelled from outside, out of time), or it
+    died. Said as the run's failure, with what is known, and kept in its summary."""
+    if signum:
+        name = signal.Signals(signum).name
+        reason = f"launch received {name} before the run started ({home.where}); it was " \
+                 "cancelled"
+        home.settle(status="interrupted", reason=reason)
+        raise RunFailed(reason, exit_code=130 if signum == signal.SIGINT else 128 + signum)
+    why = home.ending()
+    if why:
+        home.settle(status="failed", reason=why)
+        raise RunFailed(f"{why}\n{home.log_hint()}", exit_code=1)
+    raise LauncherError(f"the controller of run {home.run_id} ({home.where}) ended without "
+                        f"saying how the run ended; its log: {home.log_hint()}")

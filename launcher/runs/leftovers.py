@@ -46,6 +46,9 @@ class RunState:
     accuracy: float | None = None
     # Why a file of the folder could not be read (the folder is listed all the same).
     problem: str | None = None
+    # A detached run: where it lives (its record, detached.json), while this folder has no
+    # summary of it; `launch runs` asks there how it is.
+    where: str | None = None
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "folder": str(self.folder), "status": self.status,
@@ -53,7 +56,7 @@ class RunState:
                 "launch_pid": self.launch_pid, "started_at": self.started_at,
                 "duration_s": self.duration_s, "steps": self.steps, "loss": self.loss,
                 "accuracy": self.accuracy, "leftover_pids": self.leftover_pids,
-                "problem": self.problem}
+                "problem": self.problem, "where": self.where}
 
 
 def pids_with_env(key: str, value: str) -> list[int]:
@@ -106,8 +109,11 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
     """The state of one run folder, or None when launch did not make it (no launch.json).
     A file that is not what launch writes is named in `problem`, never a traceback."""
     runs = folder.parent
+    detached = _detached_where(folder)
     if safefile.lstat(folder / LAUNCH_FILE, within=runs) is None:
-        return None
+        # A run detached to another machine: only its record is here (until `launch fetch`).
+        return None if detached is None else RunState(folder.name, folder, "detached",
+                                                       where=detached)
     state = RunState(folder.name, folder, "unknown")
     try:
         launch = read_record(LaunchRecord, folder / LAUNCH_FILE, within=runs,
@@ -135,6 +141,8 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
         state.status = summary.status or "unknown"
     elif any(p.startswith(str(folder / "summary.json")) for p in problems):
         state.status = "unknown"
+    elif detached is not None:
+        state.status, state.where = "detached", detached
     elif launch.pid is not None and is_launch(launch.pid):
         state.status = "running"
     else:
@@ -156,6 +164,20 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
     if with_leftovers and launch.stamp and state.status in ("abandoned", "unknown"):
         state.leftover_pids = pids_with_env(STAMP_ENV, launch.stamp)
     return state
+
+
+def _detached_where(folder: Path) -> str | None:
+    """Where a detached run lives, as its record says (launcher/pipeline/handover.py)."""
+    import json
+
+    path = folder / "detached.json"
+    if safefile.lstat(path, within=folder.parent) is None:
+        return None
+    try:
+        record = json.loads(safefile.read_bytes(path, "detached.json", max_bytes=MAX_SMALL))
+        return str(record.get("where") or "elsewhere")
+    except (LauncherError, ValueError, AttributeError):
+        return "elsewhere (its record, detached.json, is unreadable)"
 
 
 def _last_logged(state: RunState, folder: Path, head: str) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 
 import pytest
 
 from tests.conftest import launch_cmd
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
+from tests.run.conftest import wait_for
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -93,18 +93,20 @@ def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch,
 
 def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_launch,
                                                                    project):
-    """A command that fails ends the job's step; the job's script starts every node again
-    (a new srun step) with the next LAUNCH_ATTEMPT."""
+    """A command that fails ends its node's step; the pipeline in the job (the same Python as
+    every backend's) starts every node again (new srun steps) with the next LAUNCH_ATTEMPT."""
     recipe = command_recipe(project, "cmd", ["--mode", "crash-once"], restarts=1)
     proc = run_launch("run", *slurm_args(), str(recipe), "--run-id", "cmd", cwd=project,
                       env=slurm_env(slurm_lab), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "starting every node again (restart 1 of 1)" in proc.stdout
+    assert "restarting every node (node " in proc.stdout
     assert "resumed from step 3 in attempt 1" in proc.stdout
     # No torchrun of launch's and no rendezvous store: the command brought its own.
-    script = (project / "runs" / "cmd" / "job.sbatch").read_text()
-    assert "rdzv_store.py" not in script
-    assert re.search(r"launch_node/worker\.py \\\n\s*exec \\\n\s*bash -c", script)
+    plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
+    assert plan["store"] is None
+    assert plan["nodes"][0]["argv"][1:4] == [
+        plan["nodes"][0]["argv"][1], "exec", "bash"] and \
+        plan["nodes"][0]["argv"][1].endswith("launch_node/worker.py")
     assert job_processes(slurm_lab) == {}
 
 
@@ -116,4 +118,5 @@ def test_a_hung_rank_is_found_through_srun_overlap(slurm_lab, run_launch, projec
     assert "stuck: rank 1 on node" in proc.stderr
     dumps = sorted((project / "runs" / "hung" / "hang").glob("*.rank1.txt"))
     assert dumps and "stuck_in_user_code" in dumps[0].read_text()
-    assert job_processes(slurm_lab) == {}
+    # Slurm ends a stopped step's slurmstepd a moment after the job's end.
+    wait_for(lambda: job_processes(slurm_lab) == {}, 10, "no job process on any node")

@@ -192,3 +192,44 @@ def test_commands_hold_no_placement_or_execution(path):
     used = {m for m in imports_anywhere(path)
             if any(m == e or m.startswith(e + ".") for e in EXECUTION)}
     assert not used, f"{path.name} imports {sorted(used)}: go through launcher.backends"
+
+
+BACKEND_NAMES = {"local", "ssh", "slurm"}
+
+
+def test_no_code_outside_backends_asks_which_backend_it_has():
+    """A feature lands on every backend at once: outside launcher/backends/ no comparison
+    names a backend, no module imports one backend's code (the table in launcher/backends/
+    makes them), and what differs is asked of the backend's capabilities."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "backends" or "playbooks" in rel.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                names = {s.value for s in sides if isinstance(s, ast.Constant)} & BACKEND_NAMES
+                attrs = {s.attr for s in sides if isinstance(s, ast.Attribute)}
+                if names and attrs & {"kind", "name", "backend", "NAME"}:
+                    found.append(f"{rel}:{node.lineno} compares with {sorted(names)}")
+            if isinstance(node, ast.Attribute) and node.attr == "kind" and \
+                    isinstance(node.value, ast.Name) and node.value.id == "backend":
+                found.append(f"{rel}:{node.lineno} asks backend.kind")
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    any(node.module.startswith(f"launcher.backends.{n}") for n in BACKEND_NAMES) \
+                    and rel.parts[0] != "commands":
+                found.append(f"{rel}:{node.lineno} imports {node.module}")
+    assert not found, "\n".join(found)
+
+
+def test_the_capabilities_table_in_the_docs_is_the_backends_own():
+    from launcher.backends import capabilities_table
+
+    text = (REPO / "docs" / "backends.md").read_text()
+    start = text.index("<!-- capabilities")
+    start = text.index("\n", start) + 1
+    end = text.index("<!-- /capabilities -->")
+    assert text[start:end] == capabilities_table(), \
+        "docs/backends.md's table differs from the backends' declarations; it should be:\n" \
+        + capabilities_table()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from launcher.core.node_code import code_files, code_root, content_hash
+from launcher.core.node_code import code_files, code_root, content_hash, controller_files
 from tests.conftest import launch_cmd
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env, worker_pids
@@ -61,10 +61,12 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, short_demo):
     assert (rank0 / "result.json").exists() and (run / "metrics.jsonl").exists()
     assert (run / "report.md").exists()
     code = json.loads((run / "code.json").read_text())
-    # What every node got is what launch lists, hashed as every backend hashes it.
-    files = code_files(code_root())
+    # What every node got is what launch lists, hashed as every backend hashes it; the job's
+    # pipeline ran launch itself from that copy.
+    files = [*code_files(code_root()), *controller_files(code_root())]
     assert code == {"sha256": content_hash(code_root(), files), "files": files}
-    assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py"} <= set(files)
+    assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py",
+            "launcher/commands/controller.py"} <= set(files)
     assert job_processes(slurm_lab) == {}
 
 
@@ -103,6 +105,8 @@ def test_killed_worker_ends_the_job(slurm_lab, tmp_path):
 
 
 def test_sigint_cancels_the_job(slurm_lab, tmp_path):
+    """Ctrl-C on `launch run --slurm` goes to the run's pipeline in the job, which stops every
+    node as an attached run does; the job then ends with the run's own exit code."""
     run = _start(tmp_path, slurm_lab, "slurm-int")
     try:
         wait_for(lambda: _training(tmp_path, "slurm-int"), 240, "training on the Slurm lab")
@@ -115,7 +119,7 @@ def test_sigint_cancels_the_job(slurm_lab, tmp_path):
     assert "Traceback" not in run.output()
     summary = json.loads((tmp_path / "runs/slurm-int/summary.json").read_text())
     assert summary["failure"]["interrupted"] is True and summary["status"] == "interrupted"
-    assert summary["slurm"]["state"] == "CANCELLED"
+    assert summary["slurm"]["state"] == "FAILED" and summary["slurm"]["exit_code"] == "130:0"
     assert {n["status"] for n in summary["nodes"]} == {"stopped"}
     wait_for(lambda: job_processes(slurm_lab) == {}, 5, "no job process on any node")
 

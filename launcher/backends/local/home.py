@@ -63,7 +63,7 @@ class FolderHome:
     def fetch(self, dest: Path) -> int:
         return 0   # the run folder is here already
 
-    def settle(self) -> None:
+    def settle(self, status: str | None = None, reason: str | None = None) -> None:
         """Once the run ended: nothing to add here."""
 
     def ending(self) -> str | None:

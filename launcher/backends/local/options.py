@@ -18,4 +18,4 @@ def selected(values: dict[str, Any]) -> bool:
 
 
 def settings(values: dict[str, Any]) -> dict[str, Any]:
-    return {"explicit": bool(values.get("local"))}
+    return {}

@@ -242,7 +242,7 @@ class SlurmBackend:
         filesystem, the run folder made there with its handover, the job submitted."""
         from launcher.backends.slurm.sbatch import SCRIPT_NAME
         from launcher.core.node_code import code_files, code_root, controller_files, snapshot
-        from launcher.pipeline.handover import HANDOVER, handover_doc, say
+        from launcher.pipeline.handover import HANDOVER, handover_doc
         from launcher.runs.folder import RunFolder, STAMP_ENV
 
         partition = self.preflight(request.recipe, len(nodes))
@@ -267,15 +267,15 @@ class SlurmBackend:
                                       also=ATTEMPT_FILES)
         note = shared_filesystem_note(folder.root)
         if note:
-            say(f"note: {note}")
+            print(f"launch: note: {note}", flush=True)
         root = code_root()
         code = snapshot(root, folder.root / "code", [*code_files(root), *controller_files(root)])
         folder.write_json("code.json", code)
         folder.keep_recipe(request.recipe.source, request.recipe.text)
         if shipped is not None:
-            say(f"workdir {request.workdir.root}: {shipped.files_sent} of "
-                f"{shipped.files_total} file(s) shipped to {shipped.dest}, which every node "
-                "reads")
+            print(f"launch: workdir {request.workdir.root}: {shipped.files_sent} of "
+                  f"{shipped.files_total} file(s) shipped to {shipped.dest}, which every node "
+                  "reads", flush=True)
         inside = SlurmBackend(flags, cwd=self.cwd)
         folder.write_json(HANDOVER, handover_doc(
             inside, request, uid, str(runs),
@@ -291,8 +291,8 @@ class SlurmBackend:
         folder.write_json("slurm.json", {"job_id": job_id, "sbatch": job.sbatch_argv(),
                                          "script": SCRIPT_NAME})
         part = job.settings.partition or "the default partition"
-        say(f"submitted batch job {job_id} ({job.nnodes} node(s), {part}); script "
-            f"{folder.root / SCRIPT_NAME}")
+        print(f"launch: submitted batch job {job_id} ({job.nnodes} node(s), {part}); script "
+              f"{folder.root / SCRIPT_NAME}", flush=True)
         return {"run_dir": str(folder.root), "job_id": job_id, "where": f"Slurm job {job_id}"}
 
     def describe_hand_over(self, request: RunRequest, nodes: list[Node]) -> list[str]:

@@ -94,9 +94,18 @@ class SlurmHome(FolderHome):
             time.sleep(0.2)
         yield from follow_file(self.root / name, offset, done)
 
+    def final(self, wait_s: float = 30.0) -> JobInfo:
+        """The job's state once it is over (waited for: its steps may still be ending)."""
+        deadline = time.monotonic() + wait_s
+        info = self.watch.info(fresh=True)
+        while not info.final and time.monotonic() < deadline:
+            time.sleep(0.2)
+            info = self.watch.info(fresh=True)
+        return info
+
     def ending(self) -> str | None:
         """Why the job ended when neither the run nor launch ended it."""
-        info = self.watch.info(fresh=True)
+        info = self.final()
         if info.state in SLURM_ENDINGS:
             return f"Slurm ended job {self.job_id} ({info.state}): {SLURM_ENDINGS[info.state]}."
         if info.state == "CANCELLED" and not self.asked:
@@ -119,22 +128,29 @@ class SlurmHome(FolderHome):
             pass
         return f"{info.describe()}; {out}" + (f":\n{tail}" if tail else "")
 
-    def settle(self, wait_s: float = 30.0) -> None:
+    def settle(self, status: str | None = None, reason: str | None = None,
+               wait_s: float = 30.0) -> None:
         """The job's final state (waited for: its steps may still be ending) in the run's
-        summary.json, as `slurm`."""
+        summary.json, as `slurm`; a summary made when the run never wrote one (`status`,
+        `reason`: it was cancelled before it started, or Slurm ended it)."""
         from launcher.core import safefile
 
-        deadline = time.monotonic() + wait_s
-        info = self.watch.info(fresh=True)
-        while not info.final and time.monotonic() < deadline:
-            time.sleep(0.2)
-            info = self.watch.info(fresh=True)
+        info = self.final(wait_s)
         path = self.root / "summary.json"
         try:
-            summary = json.loads(path.read_text())
             doc = json.loads((self.root / "slurm.json").read_text())
         except (OSError, ValueError):
             return
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            if status is None:
+                return
+            summary = {"run_id": self.run_id, "run_dir": str(self.root)}
+        if status is not None:
+            summary["status"] = status
+            summary["failure"] = {**(summary.get("failure") or {}), "reason": reason,
+                                  "interrupted": status == "interrupted"}
         summary["slurm"] = {**info.to_json(), "sbatch": doc.get("sbatch"),
                             "script": doc.get("script")}
         safefile.write_json(path, summary, within=self.root.parent)

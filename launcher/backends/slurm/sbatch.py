@@ -54,6 +54,10 @@ class SlurmJob:
     plan: RunPlan | None = None  # what the controller would start, with stand-in nodes
 
     @property
+    def world_size(self) -> int:
+        return self.plan.world_size if self.plan is not None else self.nnodes
+
+    @property
     def script_path(self) -> str:
         return f"{self.run_dir}/{SCRIPT_NAME}"
 

@@ -116,8 +116,12 @@ class SshBackend:
         self.limit = limit
         # A controller is given its nodes as the cluster sees them (launcher/backends/ssh/
         # home.py), and what the client's preflight found and shipped (`adopt`).
-        self.all_nodes = nodes if nodes is not None else load_inventory(self.inventory,
-                                                                        limit=limit)
+        hosts = nodes if nodes is not None else load_inventory(self.inventory, limit=limit)
+        # The inventory's controller host (`launch_controller: true`): where detached runs'
+        # pipelines live, never one of a run's nodes.
+        self.controller_host = next((n for n in hosts if str(n.extra.get(
+            "launch_controller", "")).lower() in ("true", "yes", "1")), None)
+        self.all_nodes = [n for n in hosts if n is not self.controller_host]
         self.adopted: dict[str, Any] | None = None
 
     @classmethod
@@ -211,7 +215,7 @@ class SshBackend:
 
     # ---- detached runs --------------------------------------------------------------------
     def controller_node(self, nodes: list[Node]) -> Node:
-        return nodes[0]
+        return self.controller_host or nodes[0]
 
     def hand_over(self, request: RunRequest, nodes: list[Node]) -> dict[str, Any]:
         """Preflight from here (the head also gets launch itself, and is checked for what
@@ -230,11 +234,24 @@ class SshBackend:
         uid = RunFolder.uid_for(request.runs_dir, request.run_id, request.resume)
         shipment = self.shipment(request, uid)
         extra = controller_files(code_root())
-        shipment = replace(shipment, controller=head.name, controller_files=extra,
-                           controller_sha256=content_hash(code_root(), [*shipment.files, *extra]),
-                           controller_key=cluster_key(head))
+        controlling = replace(shipment, controller=head.name, controller_files=extra,
+                              controller_sha256=content_hash(code_root(),
+                                                             [*shipment.files, *extra]),
+                              controller_key=cluster_key(head))
         port = request.rdzv_port or request.recipe.rendezvous.port
-        conns, facts = preflight(nodes, request.recipe, self.options, port, shipment)
+        apart = head is self.controller_host
+        conns, facts = preflight(nodes, request.recipe, self.options, port,
+                                 shipment if apart else controlling)
+        if apart:
+            # A controller host of its own: launch itself shipped there and checked too.
+            try:
+                more, found = preflight([head], request.recipe, self.options, 0,
+                                        replace(controlling, job=None, workdir=None))
+            except BaseException:
+                close_all(conns)
+                raise
+            conns.update(more)
+            facts = {**facts, **found}
         try:
             home = facts[head.name].home
             runs = _on_node(home, controller_runs(head))
@@ -244,7 +261,7 @@ class SshBackend:
                 settings={"controller": True, "nodes": as_seen_from_the_cluster(nodes, head),
                           "known_hosts": _on_node(home, cluster_known_hosts(head))},
                 facts={name: {**vars(f), "shipped": f.shipped.dest if f.shipped else None}
-                       for name, f in facts.items()},
+                       for name, f in facts.items() if name != head.name or not apart},
                 code={"sha256": shipment.sha256, "files": shipment.files})
             conn = conns[head.name]
             conn.run(remote("mkdir", "-p", posixpath.dirname(incoming)), hide=True,

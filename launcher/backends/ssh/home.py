@@ -185,7 +185,7 @@ class SshHome:
         self._sftp_session()
         return len(fetch_tree(self._conn, self.root, Path(dest), skip=(), within=Path(dest).parent))
 
-    def settle(self) -> None:
+    def settle(self, status: str | None = None, reason: str | None = None) -> None:
         pass
 
     def ending(self) -> str | None:
