@@ -41,11 +41,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.backends import LaunchOptions  # noqa: E402
 from launcher.backends.ssh.backend import SshBackend  # noqa: E402
 from launcher.cluster.inventory import load_inventory  # noqa: E402
 from launcher.cluster.ssh import SshOptions  # noqa: E402
 from launcher.core.errors import RunFailed  # noqa: E402
+from launcher.job.request import RunRequest  # noqa: E402
+from launcher.pipeline.run import run_here  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.compare import load_comparison, render_text  # noqa: E402
@@ -87,9 +88,9 @@ def run_variant(lab: Lab, name: str, regime: str, epochs: float, runs: Path,
     run_id = f"{regime}-{recipe.name}"
     quiet = PlainDisplay(open(runs.parent / f"{run_id}.log", "w"))  # noqa: SIM115
     try:
-        summary = SshBackend(lab.inventory, SshOptions()).launch(
-            recipe, load_inventory(lab.inventory), run_id,
-            LaunchOptions(str(runs), display=quiet), rdzv_port=port)
+        summary = run_here(SshBackend(lab.inventory, SshOptions()),
+                           RunRequest(recipe, run_id, len(load_inventory(lab.inventory)),
+                                      runs_dir=str(runs), rdzv_port=port), display=quiet)
     except RunFailed as err:
         raise SystemExit(f"{regime}/{name} failed:\n{err}") from None
     result = json.loads((runs / run_id / summary["rank0_node"] / "result.json").read_text())

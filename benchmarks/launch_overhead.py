@@ -54,12 +54,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.backends import LaunchOptions  # noqa: E402
 from launcher.backends.ssh.backend import SshBackend, plan_inventory  # noqa: E402
 from launcher.cluster.inventory import load_inventory  # noqa: E402
 from launcher.cluster.ssh import SshOptions  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
-from launcher.job.spec import job_of, script_recipe  # noqa: E402
+from launcher.job.request import RunRequest  # noqa: E402
+from launcher.job.spec import job_of, script_recipe, workload  # noqa: E402
+from launcher.pipeline.run import run, run_here  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
 from launcher.workdir.scan import scan_workdir  # noqa: E402
@@ -111,7 +112,7 @@ def timed(timeline: Timeline):
     """Wrap what preflight and the runner call, each wrapper marking its milestone."""
     import launcher.backends.ssh.agent as remote_agent
     import launcher.backends.ssh.preflight as preflight
-    import launcher.execute.runner as runner
+    import launcher.execute.attempt as runner
     import launcher.runs.logs as logs
     import launcher.workdir.sync as workdir_sync
     from launch_node.rdzv_store import READY
@@ -284,8 +285,8 @@ def measured_cpu(lab: Lab, on: bool):
         yield meter
 
 
-def probe_program(place):
-    return [f"{place.code_dir}/launch_bench/rendezvous_probe.py"]
+# What torchrun starts on every node: the probe (it ignores the --out-dir launch adds).
+PROBE_JOB = workload("launch_bench/rendezvous_probe.py")
 
 
 def recipe_for(hosts: int):
@@ -321,16 +322,16 @@ def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int,
 def launch_timed(backend, timeline, hosts, nodes, run_id, runs_dir, port, quiet, workdir):
     with timed(timeline):
         if workdir is None:
-            backend.launch(recipe_for(hosts), nodes, run_id,
-                           LaunchOptions(str(runs_dir), display=quiet), rdzv_port=port,
-                           program=probe_program)
+            run_here(backend, RunRequest(recipe_for(hosts), run_id, hosts, job=PROBE_JOB,
+                                         runs_dir=str(runs_dir), rdzv_port=port),
+                     display=quiet)
         else:
             # What `launch run` does before the backend: the recipe, the job, the scan.
             recipe = user_recipe(hosts, workdir)
-            job = job_of(recipe)
-            manifest = scan_workdir(workdir)
-            backend.launch(recipe, nodes, run_id, LaunchOptions(str(runs_dir), display=quiet),
-                           rdzv_port=port, job=job, workdir=manifest)
+            run_here(backend, RunRequest(recipe, run_id, hosts, job=job_of(recipe),
+                                         workdir=scan_workdir(workdir),
+                                         runs_dir=str(runs_dir), rdzv_port=port),
+                     display=quiet)
 
 
 def user_recipe(hosts: int, workdir: Path):
@@ -354,8 +355,8 @@ def time_plain_fanout(lab: Lab, hosts: int, run_id: str, port: int, cpu: bool = 
     """What people script by hand: the same torchrun line per host, over ssh, all at once,
     with the code already in place (copied before the clock starts)."""
     nodes = load_inventory(lab.inventory)[:hosts]
-    plan = plan_inventory(recipe_for(hosts), nodes, run_id, rdzv_port=port,
-                          program=probe_program)
+    plan = plan_inventory(RunRequest(recipe_for(hosts), run_id, hosts, job=PROBE_JOB,
+                                     rdzv_port=port), nodes)
     for cmd in plan.nodes:
         code = Path(cmd.cwd) / "code" / "launch_bench"
         code.mkdir(parents=True, exist_ok=True)
@@ -529,9 +530,8 @@ def time_launch_slurm(lab, nodes: int, run_id: str, runs_dir: Path,
     quiet = PlainDisplay(open("/dev/null", "w"))  # noqa: SIM115
     backend = SlurmBackend({"python": sys.executable}, cwd=str(runs_dir.parent))
     started = time.time()
-    backend.launch(recipe_for(nodes), backend.nodes(nodes), run_id,
-                   LaunchOptions(runs_dir.name, display=quiet), rdzv_port=port,
-                   program=probe_program)
+    run(backend, RunRequest(recipe_for(nodes), run_id, nodes, job=PROBE_JOB,
+                            runs_dir=runs_dir.name, rdzv_port=port), display=quiet)
     logs = "".join(p.read_text() for p in (runs_dir / run_id).glob("*/node.log"))
     submitted = (runs_dir / run_id / "slurm.json").stat().st_mtime   # written after sbatch
     return last_rank_passed(logs, nodes) - started, submitted - started

@@ -68,12 +68,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.backends import LaunchOptions  # noqa: E402
 from launcher.backends.ssh.backend import SshBackend  # noqa: E402
 from launcher.cluster.inventory import load_inventory  # noqa: E402
 from launcher.cluster.ssh import SshOptions  # noqa: E402
 from launcher.core.errors import RunFailed  # noqa: E402
-from launcher.execute.backend import Recover  # noqa: E402
+from launcher.job.request import Recover, RunRequest  # noqa: E402
+from launcher.pipeline.run import run_here  # noqa: E402
 from launcher.job.recipe import recipe_from_mapping  # noqa: E402
 from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
@@ -143,10 +143,9 @@ def restart_split(display: TimedDisplay, killed_at: float) -> dict[str, float] |
 def launch(lab: Lab, rec, run_id: str, runs: Path, port: int, display) -> dict:
     try:
         with redirect_stdout(io.StringIO()):  # the run report; kept in the run folder
-            return SshBackend(lab.inventory, SshOptions()).launch(
-                rec, load_inventory(lab.inventory), run_id, LaunchOptions(str(runs),
-                                                                          display=display),
-                rdzv_port=port)
+            return run_here(SshBackend(lab.inventory, SshOptions()),
+                            RunRequest(rec, run_id, len(load_inventory(lab.inventory)),
+                                       runs_dir=str(runs), rdzv_port=port), display=display)
     except RunFailed as err:
         raise SystemExit(f"{run_id} failed:\n{err}") from None
 
@@ -301,10 +300,10 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
     thread.start()
     try:
         with redirect_stdout(io.StringIO()):
-            summary = SshBackend(lab.inventory, SshOptions()).launch(
-                rec, load_inventory(lab.inventory), run_id,
-                LaunchOptions(str(runs), display=display, recover=Recover(1, 900)),
-                rdzv_port=port)
+            summary = run_here(SshBackend(lab.inventory, SshOptions()),
+                               RunRequest(rec, run_id, len(load_inventory(lab.inventory)),
+                                          runs_dir=str(runs), rdzv_port=port,
+                                          recover=Recover(1, 900)), display=display)
     except RunFailed as err:
         raise SystemExit(f"{run_id} failed:\n{err}") from None
     thread.join(timeout=1)

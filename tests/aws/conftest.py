@@ -43,19 +43,27 @@ def isolated_environment(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def moto_url(tmp_path_factory):
+    yield from moto_server(tmp_path_factory.mktemp("moto"), "127.0.0.1")
+
+
+def moto_server(folder: Path, host: str):
+    """moto's server on `host` (a lab's bridge address: its hosts reach it there), its URL
+    yielded while it runs."""
     if not MOTO_SERVER.exists():
         pytest.fail(f"{MOTO_SERVER} is missing: install the test extras (moto[server])")
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+    log = folder / "moto.log"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
            # The caller's AWS profile or endpoint must not reach moto's own boto3 calls.
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            # Real EC2 rejects unknown key pairs at RunInstances; moto does only when asked to.
            "MOTO_ENABLE_KEYPAIR_VALIDATION": "true"}
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        proc = subprocess.Popen([str(MOTO_SERVER), "-H", host, "-p", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         for _ in range(200):
             try:

@@ -27,6 +27,7 @@ import gc, json, os, signal, socket, subprocess, sys, time
 
 mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
+pause = float(sys.argv[sys.argv.index("--pause") + 1]) if "--pause" in sys.argv else 0.0
 env = {k: v for k, v in os.environ.items()
        if (k.startswith("LAUNCH_") or k == "PYTHONPATH") and k != "LAUNCH_RUN_STAMP"}
 attempt = int(os.environ["LAUNCH_ATTEMPT"])
@@ -95,6 +96,7 @@ for step in range(start, steps):
             while True:
                 time.sleep(0.2)
         stuck_in_user_code()
+    time.sleep(pause)    # a longer step: a run that lasts while a test acts on it
     started = time.perf_counter()
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
