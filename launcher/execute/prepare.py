@@ -16,6 +16,7 @@ from pathlib import Path
 
 from launcher.core.errors import LauncherError
 from launcher.core.safefile import open_append
+from launcher.job.environment import path_with
 from launcher.job.runplan import NodeCommand, RunPlan
 from launcher.job.setup import SETUP_LOG, setup_argv, setup_key
 
@@ -30,14 +31,6 @@ class PrepareFailed(LauncherError):
     def __init__(self, node: str, reason: str):
         super().__init__(reason)
         self.node, self.reason = node, reason
-
-
-def path_with(python: str, path: str | None) -> str:
-    """PATH with the node's interpreter's folder first: `python`, `pip` and the tools installed
-    beside it (torchrun, deepspeed) are the ones the job's own commands find."""
-    folder = os.path.dirname(python)
-    parts = [p for p in (path or os.defpath).split(":") if p]
-    return ":".join([folder, *[p for p in parts if p != folder]]) if folder else ":".join(parts)
 
 
 class SetupLog:
@@ -72,7 +65,7 @@ def setup_env(command: NodeCommand) -> dict[str, str]:
     """The job's environment for its setup commands (PATH with the node's Python first)."""
     env = dict(command.env)
     python = env.get("LAUNCH_PYTHON", "")
-    env["PATH"] = path_with(python, os.environ.get("PATH"))
+    env["PATH"] = path_with(python, env.get("PATH"))
     return env
 
 
@@ -81,7 +74,7 @@ def run_local_setup(plan: RunPlan, digest: str | None, log: SetupLog) -> None:
     head = plan.nodes[0]
     argv = setup_argv(setup_key(digest, plan.job.setup), plan.job.setup)
     try:
-        proc = subprocess.Popen(argv, cwd=head.cwd, env={**os.environ, **setup_env(head)},
+        proc = subprocess.Popen(argv, cwd=head.cwd, env=setup_env(head),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True)

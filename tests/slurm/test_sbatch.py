@@ -69,11 +69,19 @@ run_node() {
   [ "$omp_threads" -ge 1 ] || omp_threads=1
   echo "launch: node $node: address $addr, interface $iface, $omp_threads thread(s) per rank"
   PATH=/shared/venv/bin:$PATH; export PATH
+  # What the ranks and setup get of this shell's environment (docs/jobs.md): a login's
+  # variables, Slurm's, and what --export named; the recipe's env, --env and launch's follow.
+  local -a login=()
+  for name in $(compgen -e); do
+    case $name in
+      PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|TZ|TMPDIR|TERM|LC_*|SLURM*|CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|ROCR_VISIBLE_DEVICES|ZE_AFFINITY_MASK) login+=("$name=${!name}") ;;
+    esac
+  done
   # Slurm stops a job by signalling its processes: this shell waits for the agent to stop its
   # workers, or Slurm would count the node done while they still run; a node stopped so
   # records -15 (SIGTERM), one that ended by itself its agent's exit code.
   trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM
-  env \
+  env -i ${login[@]+"${login[@]}"} \
     LAUNCH_RUN_ID=golden-1 \
     LAUNCH_NODE="${node}" \
     PYTHONUNBUFFERED=1 \
@@ -467,10 +475,10 @@ def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, templ
     argv = doc["node"]["argv"]
     assert argv[argv.index("--dataset") + 1] == value and doc["node"]["env"]["NOTE"] == value
     script = doc["script"]
-    start = script.index("  env \\\n")
+    start = script.index("  env -i ")
     command = script[start:script.index(" &\n", start)]
     # The same words, handed to a program that prints its arguments instead of torchrun.
-    probe = command.replace("  env \\", "  env -i \\", 1)
+    probe = command
     printer = tmp_path / "printargs"
     printer.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
                        "printf 'NOTE=%s\\0' \"$NOTE\"\n")
@@ -478,7 +486,7 @@ def test_dry_run_script_keeps_hostile_values_literal(run_launch, tmp_path, templ
     # The program, not the same word in a value (LAUNCH_PYTHON names the interpreter too).
     probe = probe.replace(f"    {doc['node']['argv'][0]} -m", f"    {printer} -m", 1)
     out = subprocess.run(["bash", "-c", f"node=n0 iface=eth0 addr=10.0.0.2 head_addr=10.0.0.1 "
-                                        f"omp_threads=1\n{probe}"],
+                                        f"omp_threads=1 login=()\n{probe}"],
                          capture_output=True, cwd=tmp_path)
     words = out.stdout.split(b"\0")
     assert value.encode() in words and f"NOTE={value}".encode() in words

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.execute.prepare import path_with
+from launcher.job.environment import path_with
 from launcher.job.runplan import NodeCommand
 from launcher.runs.folder import STAMP_ENV
 from launcher.runs.leftovers import pids_with_env
@@ -51,7 +51,9 @@ class LocalNodeProcess:
         Path(self.command.run_dir).mkdir(parents=True, exist_ok=True)
         if self.command.env.get("LAUNCH_CHECKPOINT_DIR"):
             Path(self.command.env["LAUNCH_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.command.env, STAMP_ENV: self.stamp}
+        # The plan's env is all of it: the login's variables of launch's environment are in
+        # it (launcher/job/environment.py), nothing else of launch's shell.
+        env = {**self.command.env, STAMP_ENV: self.stamp}
         if self.command.env.get("LAUNCH_PYTHON"):
             env["PATH"] = path_with(self.command.env["LAUNCH_PYTHON"], env.get("PATH"))
         env["LAUNCH_ATTEMPT"] = str(int(env.get("LAUNCH_ATTEMPT", "0")) + self.attempt_offset)

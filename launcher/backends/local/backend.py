@@ -18,6 +18,7 @@ from launcher.execute.backend import GroupResult, LaunchOptions, NodeResult, Pro
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError
 from launcher.core.node_code import code_root
+from launcher.job.environment import login_env
 from launcher.job.recipe import Recipe, check_recipe_for_hardware
 from launcher.job.runplan import Placement, RunPlan, plan_run
 from launcher.job.spec import Job, JobError, default_job, module_in_workdir, workdir_folder_name
@@ -49,11 +50,15 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, *, gpus_total: int | None = None, cpus_total: int | None = None,
-                 port: int | None = None, cwd: str | None = None):
+                 port: int | None = None, cwd: str | None = None,
+                 environ: dict[str, str] | None = None):
         # Facts of this machine, looked up on first use (torch's import costs a second):
         # given explicitly, planning is pure and repeatable (the tests do that).
         self._gpus_total, self._cpus_total, self._port = gpus_total, cpus_total, port
         self.cwd = cwd or os.getcwd()
+        # launch's environment, of which the ranks get what a login would set
+        # (launcher/job/environment.py): they share this machine, not launch's shell.
+        self.environ = dict(os.environ) if environ is None else environ
 
     # ---- facts of this machine ------------------------------------------------------------
     @functools.cached_property
@@ -118,6 +123,7 @@ class LocalBackend:
                 cpus=max(1, self.cpus_total // len(nodes)),
                 visible_gpus=tuple(range(i * per_node, (i + 1) * per_node)) if per_node
                 else None, workdir=shipped, checkpoint_dir=str(root / CHECKPOINTS),
+                login_env=login_env(self.environ),
             )
             for i, n in enumerate(nodes)
         }

@@ -22,8 +22,10 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from launcher.job.environment import LOGIN_NAMES, LOGIN_PREFIXES
 from launcher.job.recipe import Slurm
-from launcher.job.runplan import NodeCommand, Recovery, RunPlan, render_workdir
+from launcher.job.runplan import (NodeCommand, Recovery, RunPlan, environment_lines,
+                                  render_workdir)
 from launcher.job.setup import SETUP_LOG, setup_argv
 from launcher.job.spec import Job
 
@@ -79,11 +81,38 @@ def comment_block(text: str, width: int = 95) -> str:
     return "\n".join(textwrap.wrap(text, width, initial_indent="# ", subsequent_indent="# "))
 
 
+# The ranks' environment starts from the node's login variables (launcher/job/environment.py);
+# the job's own shell has launch's whole environment (sbatch exports it), so run_node keeps
+# only these of it, in the array `login`, and starts the agent and setup with `env -i`.
+LOGIN_ARRAY = '${login[@]+"${login[@]}"}'   # empty-safe under `set -u` before bash 4.4
+SLURM_KEPT = ("SLURM*", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
+              "ZE_AFFINITY_MASK")
+
+
+def login_patterns(exported: tuple[str, ...] = ()) -> str:
+    """The `case` patterns of the variables run_node keeps: a login's, Slurm's own and the
+    devices it gave the step, and what the user exported by name (--export=ALL,NAME=...)."""
+    names = [*LOGIN_NAMES, *(f"{p}*" for p in LOGIN_PREFIXES), *SLURM_KEPT]
+    return "|".join([*names, *(shell_word(n) for n in exported)])
+
+
+def exported_names(sbatch_args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """NAME of each --export=ALL,NAME=VALUE,... token (sbatch_args holds checked options)."""
+    names = []
+    for arg in sbatch_args:
+        if arg.startswith("--export="):
+            names += [t.split("=", 1)[0] for t in arg[len("--export="):].split(",")
+                      if t.upper() != "ALL" and t]
+    return tuple(dict.fromkeys(names))
+
+
 def command_lines(env: dict[str, str], argv: tuple[str, ...] | list[str],
-                  indent: str) -> str:
-    """`env K=V ... PROGRAM ARGS` as shell words, a line per variable and per option."""
-    words = ["env"] + [shell_word(f"{k}={v}") for k, v in env.items()]
-    lines = [" ".join(words[:1]), *words[1:]] if env else []
+                  indent: str, clean: bool = False) -> str:
+    """`env K=V ... PROGRAM ARGS` as shell words, a line per variable and per option;
+    `clean`: `env -i` with the login variables run_node kept, then K=V."""
+    words = (["env -i " + LOGIN_ARRAY] if clean else ["env"]) + \
+        [shell_word(f"{k}={v}") for k, v in env.items()]
+    lines = [" ".join(words[:1]), *words[1:]] if env or clean else []
     current: list[str] = []
     previous = "-"
     for arg in argv:
@@ -160,11 +189,14 @@ class SlurmJob:
         return [*argv, self.script_path]
 
     # ---- the script --------------------------------------------------------------------
-    def script(self) -> str:
+    def script(self, shown: bool = False) -> str:
+        """The batch script; `shown`: as printed and kept in the plan, --env values masked
+        (the job's own file holds them: the ranks read them from it)."""
+        node_env = self.node.shown_env() if shown else self.node.env
         run_dir = shell_word(self.run_dir)
         # LAUNCH_CHECKPOINT_DIR: made for the job, which may expect it there.
         checkpoints = shell_word(self.node.env.get("LAUNCH_CHECKPOINT_DIR") or self.run_dir)
-        node_cmd = command_lines(self.node.env, self.node.argv, "  ")
+        node_cmd = command_lines(node_env, self.node.argv, "  ", clean=True)
         header = comment(f"launch run {self.run_id}: recipe {self.recipe_name} "
                          f"({self.recipe_source}), {self.nnodes} node(s) x "
                          f"{self.nproc_per_node} process(es)")
@@ -172,12 +204,22 @@ class SlurmJob:
         python_dir = self.settings.python.rpartition("/")[0]
         path_line = (f"  PATH={shell_word(python_dir)}:$PATH; export PATH\n"
                      if python_dir else "")
+        path_line += f"""  # What the ranks and setup get of this shell's environment (docs/jobs.md): a login's
+  # variables, Slurm's, and what --export named; the recipe's env, --env and launch's follow.
+  local -a login=()
+  for name in $(compgen -e); do
+    case $name in
+      {login_patterns(exported_names(self.settings.sbatch_args))}) login+=("$name=${{!name}}") ;;
+    esac
+  done
+"""
         workdir = self.node.cwd if self.job.workdir else None
         go_to_work = (f"  cd {shell_word(workdir)} || finish 1\n" if workdir else "")
         setup = ""
         if self.job.setup and workdir:
-            setup_cmd = command_lines(self.node.env, setup_argv(str(self.setup_key),
-                                                                self.job.setup), "    ")
+            setup_cmd = command_lines(node_env, setup_argv(str(self.setup_key),
+                                                                self.job.setup), "    ",
+                                      clean=True)
             setup = f"""  # Setup, once per copy of the workdir: the nodes share it here, and the first to take its
   # lock runs it while the others wait, then find it done (launcher/job/setup.py).
   {{
@@ -339,20 +381,24 @@ exit "$status"
             f"  Slurm batch job: {self.nnodes} node(s) x {per_node}, {where}; c10d rendezvous "
             f"at {self.rdzv_endpoint} on the allocation's first node (id {self.run_id})",
             *(f"  note: {note}" for note in self.notes),
+            "", *environment_lines(False, login=(
+                "here, of the environment sbatch gives the job (launch's own) the variables a "
+                "login would set, with Slurm's SLURM_* and the GPUs it gave the step: "
+                "run_node's `login` below")),
             *render_workdir(self.workdir, self.job.setup),
             "",
             "submit:",
             "  " + shlex.join(self.sbatch_argv()),
             "",
             f"{self.script_path}:",
-            self.script(),
+            self.script(shown=True),
         ]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         def command(cmd: NodeCommand) -> dict[str, Any]:
             return {"argv": [fill(a, {}) for a in cmd.argv],
-                    "env": {k: fill(v, {}) for k, v in cmd.env.items()},
+                    "env": {k: fill(v, {}) for k, v in cmd.shown_env().items()},
                     "cwd": fill(cmd.cwd or "", {})}
 
         return {
@@ -366,7 +412,7 @@ exit "$status"
             "world_size": self.world_size,
             "run_dir": self.run_dir,
             "sbatch": {"argv": self.sbatch_argv(), "script": self.script_path},
-            "script": self.script(),
+            "script": self.script(shown=True),
             "job": self.job.to_json(),
             "workdir": self.workdir.to_json() if self.workdir is not None else None,
             "node": command(self.node),
