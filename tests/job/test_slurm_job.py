@@ -87,7 +87,8 @@ def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch,
     assert "resumed from step 3 in attempt 1" in proc.stdout
     run = project / "runs" / "again"
     assert (run / "attempts" / "1" / "job.sbatch").is_file()
-    assert json.loads((run / "summary.json").read_text())["attempt"] == 2
+    # The LAUNCH_ATTEMPT the ranks saw ("in attempt 1" above).
+    assert json.loads((run / "summary.json").read_text())["attempt"] == 1
     assert job_processes(slurm_lab) == {}
 
 

@@ -62,6 +62,9 @@ def test_the_killed_node_is_blamed_though_its_last_line_comes_after_its_exit(tmp
     assert outcome.status == "failed"
     assert outcome.first_failure == "host1", outcome.reason
     assert KILLED_LINE.strip() in (tmp_path / "host1.log").read_text()
+    # Said as what happened: torchrun's own exit code 1 said nothing of the SIGKILL.
+    assert outcome.reason == ("node host1: its worker (pid 32638) was killed by SIGKILL "
+                              "(torchrun exited with code 1)")
 
 
 def test_output_that_never_ends_does_not_hold_up_the_verdict(tmp_path):

@@ -26,7 +26,7 @@ from launcher.core.errors import RunFailed
 from launcher.core.node_code import code_root, snapshot
 from launcher.execute.backend import LaunchOptions
 from launcher.execute.runner import execute_plan
-from launcher.execute.supervisor import StopRequest
+from launcher.execute.supervisor import StopRequest, interrupt_words
 from launcher.execute.watcher_answers import KeptWatcher, WatcherAnswers, last_line
 from launcher.job.setup import SETUP_LOG
 from launcher.report.display import make_display
@@ -418,8 +418,8 @@ def _follow_job(job: SlurmJob, folder: RunFolder, job_id: str, watch: JobWatch, 
     info = _wait_for_start(watch, stop, display)
     if stop.signum is not None:
         return _never_ran(job, folder, watch, display, slurm_doc,
-                          f"launch received {signal.Signals(stop.signum).name} while job "
-                          f"{job_id} was {info.state}", _interrupted_exit(stop.signum))
+                          f"{interrupt_words(stop.signum)} while job {job_id} was "
+                          f"{info.state}", _interrupted_exit(stop.signum))
     output = folder.root / JOB_OUT.format(job_id=job_id)
     if not info.nodelist:
         return _never_ran(job, folder, watch, display, slurm_doc,
