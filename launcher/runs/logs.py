@@ -79,6 +79,9 @@ _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|rem
 
 
 _AGENT_OWN = re.compile(r"ChildFailedError|SignalException")
+# torch.distributed prefixes what a rank prints of an uncaught exception once its process group
+# is up: "[rank1]: Traceback (most recent call last):".
+_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")
 
 
 class Tracebacks:
@@ -96,6 +99,7 @@ class Tracebacks:
         self.order: list[str] = []                # ranks by the arrival of their last block
 
     def line(self, rank: str, shown: str, text: str) -> None:
+        text = _RANK_TAG.sub("", text, count=1)
         if text.startswith(TRACEBACK_START):
             self._open[rank] = [shown]
             self._after.pop(rank, None)
@@ -128,7 +132,7 @@ class Tracebacks:
 
 def _exception_line(block: list[str]) -> str:
     for line in block[1:]:
-        text = line.split(": ", 1)[1] if ": " in line else line
+        text = _RANK_TAG.sub("", line.split(": ", 1)[1] if ": " in line else line, count=1)
         if text and not text[0].isspace():
             return text
     return ""

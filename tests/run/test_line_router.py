@@ -171,3 +171,15 @@ def test_step_lines_of_ranks_other_than_the_head_s_rank_0_stay_in_the_log(tmp_pa
     assert [s for s in shown if "LAUNCH_STEP" in s] == ["node0/0: LAUNCH_STEP step=1 loss=0.5"]
     assert sum("epoch done" in s for s in shown) == 4
     assert logs["node1"].read_text().count("LAUNCH_STEP") == 2
+
+
+def test_a_traceback_torch_distributed_prefixed_with_the_rank_is_found():
+    """Once a rank's process group is up, torch.distributed prints its uncaught exception as
+    `[rank1]: Traceback ...` (tests/run/data/torchrun/SOURCES.md): the excerpt showed the 20
+    lines printed before it instead."""
+    lines = (DATA / "rank-prefixed-node.log").read_text().splitlines()
+    excerpt = failure_excerpt(lines)
+    assert excerpt[0] == "node1/0: [rank1]: Traceback (most recent call last):"
+    assert excerpt[4] == "node1/0: [rank1]: AssertionError: rank 1 crashes once, at step 3"
+    assert excerpt[5:] == ["node1/agent:   rank      : 1 (local_rank: 0)",
+                           "node1/agent:   exitcode  : 1 (pid: 19833) "]
