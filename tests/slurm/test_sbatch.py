@@ -506,3 +506,22 @@ def test_run_on_all_gives_srun_only_the_sbatch_arguments_srun_takes():
     assert "--constraint=a100" in argv and "--qos=high" in argv
     assert not any(a.startswith("--mail-type") for a in argv)
     assert argv[-1] == "nvidia-smi"
+
+
+def test_env_values_are_in_the_job_and_masked_where_shown():
+    """`--env` values: in the script the job runs (its ranks read them there), masked in what
+    --dry-run prints and plan.json keeps; the ranks start from the login variables only
+    (env -i with run_node's `login`)."""
+    recipe = recipe_from_mapping(GOLDEN_RECIPE, "/shared/home/ada/golden.yml")
+    recipe = recipe.model_copy(update={"env": {**recipe.env, "WANDB_API_KEY": "k3y"},
+                                       "command_line_env": ("WANDB_API_KEY",)})
+    backend = SlurmBackend({"sbatch_args": ["--export=ALL,MODULE_HOME=/opt/m"]},
+                           cwd="/shared/home/ada")
+    job = backend.plan(recipe, backend.nodes(2), "golden-1", program=bench_program)
+    assert "    WANDB_API_KEY=k3y \\\n" in job.script()
+    assert "k3y" not in job.render() and "k3y" not in json.dumps(job.to_json())
+    assert "'WANDB_API_KEY=<--env value, 3 characters>'" in job.render()
+    assert "|MODULE_HOME) login+=" in job.script()
+    plan = job.run_plan([("n1", "10.0.0.1"), ("n2", "10.0.0.2")])
+    assert "k3y" not in json.dumps(plan.to_json())
+    assert plan.nodes[0].env["WANDB_API_KEY"] == "k3y"
