@@ -134,22 +134,23 @@ def signal_death_evidence(lines: list[str]) -> int:
 # torchrun's words for a worker that died: its log line ("failed (exitcode: -9) local_rank: 0
 # (pid: 123) of binary: ...") or its report's ("exitcode  : -9 (pid: 123)").
 _WORKER_DIED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+) "
-                          r"\(pid: (?P<pid>\d+)\)|exitcode\s*:\s*(?P<code2>-\d+) "
+                          r"\(pid: (?P<pid>\d+)\)|exitcode\s*:\s*(?P<code2>-?\d+) "
                           r"\(pid: (?P<pid2>\d+)\)")
 
 
 def worker_death(lines: list[str]) -> str | None:
     """What killed the node's worker when a signal did ("its worker local_rank 0 (pid 123)
-    was killed by SIGKILL"): torchrun then exits with code 1, which said nothing of it."""
-    for line in lines:
-        m = _WORKER_DIED.search(line)
-        if m is None:
-            continue
-        code = int(m["code"] or m["code2"])
-        if code < 0:
-            rank = f" local_rank {m['rank']}" if m["rank"] else ""
-            return f"its worker{rank} (pid {m['pid'] or m['pid2']}) {describe_exit(code)}"
-    return None
+    was killed by SIGKILL"): torchrun then exits with code 1, which said nothing of it. The
+    last such line decides: an earlier one may be a failure the run restarted after."""
+    found = [m for m in map(_WORKER_DIED.search, lines) if m is not None]
+    if not found:
+        return None
+    code, pid = int(found[-1]["code"] or found[-1]["code2"]), found[-1]["pid"] or found[-1]["pid2"]
+    if code >= 0:
+        return None
+    ranks = [m["rank"] for m in found if m["rank"] and m["pid"] == pid]
+    rank = f" local_rank {ranks[-1]}" if ranks else ""
+    return f"its worker{rank} (pid {pid}) {describe_exit(code)}"
 
 
 # A rank that failed because a peer went away (gloo's "Connection closed by peer ... typically

@@ -75,3 +75,15 @@ def test_output_that_never_ends_does_not_hold_up_the_verdict(tmp_path):
     assert outcome.status == "failed" and outcome.first_failure == "host0"
     # The verdict came while the child still held the output: launch did not wait for it.
     assert alive == ["host1"]
+
+
+def test_a_worker_killed_earlier_and_restarted_is_not_the_run_s_end():
+    from launcher.execute.supervisor import worker_death
+
+    killed = ("E1202 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+              "local_rank: 0 (pid: 12) of binary: /usr/bin/python")
+    raised = killed.replace("-9", "1").replace("12", "13")
+    assert worker_death([killed, "  exitcode  : -9 (pid: 12)  (SIGKILL)"]) == \
+        "its worker local_rank 0 (pid 12) was killed by SIGKILL"
+    # Killed, restarted, then the new worker raised: its plain exit ended the run.
+    assert worker_death([killed, raised, "  exitcode  : 1 (pid: 13) "]) is None
