@@ -10,6 +10,11 @@ that program with exec (same pid, so launch's probes and py-spy find it as the r
 - the rank dies with its agent (PR_SET_PDEATHSIG): torchrun starts each worker in a session
   of its own, where no process-group signal of launch reaches it;
 - one line naming the rank: the rendezvous has formed (launch's restart accounting reads it);
+- one output stream: the rank's stderr goes where its stdout goes. torchrun's `--tee` writes
+  each to a file of its own and tails the two with a thread each, 0.1 s apart, so a
+  traceback printed after 30 lines often came out before them, and the failure message,
+  reading the rank's last lines, showed the 30 lines without the exception (measured: 1 run
+  in 2). One stream keeps the order printed, on screen and in every log;
 - the shipped workdir held (a shared flock on its `.launch-lock`, kept across exec): a later
   launch with other content ships into a sibling copy instead of changing files under a
   running job; and checked: the copy still holds what this run shipped (its digest), else the
@@ -75,6 +80,19 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def one_stream() -> None:
+    """stderr onto stdout's file (kept across exec): one stream, in the order printed.
+    Python's own stdout is unbuffered already (-u)."""
+    try:
+        out, err = os.fstat(1), os.fstat(2)
+    except OSError:
+        return
+    if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(1, 2)
+
+
 def _int(name: str) -> int:
     try:
         return int(os.environ.get(name, "0") or 0)
@@ -104,6 +122,7 @@ def main(argv: list[str]) -> int:
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != workdir]
     env["PYTHONPATH"] = os.pathsep.join([workdir, *rest])
     die_with_parent()
+    one_stream()
     print(f"launch: worker rank {env.get('RANK', '?')}/{env.get('WORLD_SIZE', '?')} "
           f"(local rank {env.get('LOCAL_RANK', '?')}, pid {os.getpid()}) attempt {attempt} "
           f"on {socket.gethostname()}", flush=True)

@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         split = argv.index("--", argv.index("run"))
         args = parser.parse_args(argv[:split])
         args.job_args = argv[split + 1:]
+    elif command == "run":
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # `launch run train.py --epochs 3`: the `--` forgotten.
+            import shlex
+
+            parser.error(f"unrecognized arguments: {shlex.join(extra)} (arguments for your "
+                         f"script go after --: launch run ... SCRIPT.py -- {shlex.join(extra)})")
     else:
         args = parser.parse_args(argv)
     try:

@@ -54,6 +54,11 @@ def register(sub) -> None:
                    metavar="SIZE",
                    help="refuse to ship a workdir larger than this (default 1GB; a warning "
                         "names the largest files above 100MB)")
+    p.add_argument("--env", action="append", metavar="KEY[=VALUE]",
+                   help="a variable for every rank (and setup), over the recipe's env: "
+                        "KEY=VALUE, or KEY for the value it has in launch's environment; "
+                        "repeatable. Ranks get the node's login environment, the recipe's env "
+                        "and these, nothing else of launch's environment (docs/jobs.md)")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the recipe's `nodes`)")
     add_where_arguments(p)
     p.add_argument("--dry-run", action="store_true",
@@ -116,6 +121,22 @@ def with_overrides(recipe: Recipe, args) -> Recipe:
     return recipe.model_copy(update=update) if update else recipe
 
 
+def with_env(recipe: Recipe, args) -> Recipe:
+    """--env KEY=VALUE / --env KEY as entries of the recipe's env (winning over its own),
+    checked by the recipe's rule for names; the names are remembered, so that their values
+    are shown masked (launcher/job/environment.py)."""
+    import os
+
+    from launcher.job.environment import env_flags
+
+    values = env_flags(args.env, os.environ)
+    if not values:
+        return recipe
+    return recipe.model_copy(update={
+        "env": {**recipe.env, **values},
+        "command_line_env": tuple(dict.fromkeys([*recipe.command_line_env, *values]))})
+
+
 def _is_script(target: str | None) -> bool:
     return target is not None and target.endswith(".py")
 
@@ -147,10 +168,11 @@ def _recipe_only(args, recipe_is_file: bool) -> None:
                             "SCRIPT.py or -m MODULE")
 
 
-def scan(job, limit: int, runs_dir: str):
-    """The workdir's manifest (launcher/workdir/scan.py), its warnings said on stderr. The runs
-    folder is never shipped, even inside the workdir (`launch run train.py` from a project
-    puts runs/ there: every earlier run's logs would go to every node)."""
+def scan(job, limit: int, runs_dir: str, dry_run: bool = False):
+    """The workdir's manifest (launcher/workdir/scan.py), its warnings said on stderr, and for
+    a real run what the ignore rules left out (a dry run lists it all). The runs folder is
+    never shipped, even inside the workdir (`launch run train.py` from a project puts runs/
+    there: every earlier run's logs would go to every node)."""
     if job.workdir is None:
         return None
     from launcher.workdir.scan import scan_workdir
@@ -163,6 +185,12 @@ def scan(job, limit: int, runs_dir: str):
         print(f"launch: warning: workdir {job.workdir}: these files look like secrets and "
               f"will be shipped to every node: {', '.join(s.path for s in manifest.secrets)} (leave them out "
               "with a .launchignore line each)", file=sys.stderr)
+    if not dry_run:
+        from launcher.workdir.left_out import left_out_note
+
+        note = left_out_note(manifest)
+        if note:
+            print(f"launch: {note}", file=sys.stderr)
     return manifest
 
 
@@ -194,11 +222,11 @@ def main(args) -> int:
             _recipe_only(args, True)
             recipe = load_recipe(args.recipe)
         run_id = check_run_id(args.run_id) if args.run_id else new_run_id(recipe.name)
-    recipe = with_overrides(recipe, args)
+    recipe = with_env(with_overrides(recipe, args), args)
     for warning in recipe_warnings(recipe):
         print(f"launch: warning: {warning}", file=sys.stderr)
     job = job_of(recipe)
-    manifest = scan(job, args.workdir_limit, args.runs_dir)
+    manifest = scan(job, args.workdir_limit, args.runs_dir, args.dry_run)
     check_target(job, manifest, recipe.source)
     default_count = len(point.node_names) if point else recipe.nodes
     count = args.nodes if args.nodes is not None else default_count

@@ -10,7 +10,8 @@ from launcher.core.errors import LauncherError
 from launcher.core.table import format_table, printable
 
 HELP = """\
-Lists the run folders in --runs-dir (default runs/), one line each: run id, recipe, backend
+Lists the run folders in --runs-dir (default runs/), in the order they started, after a line
+naming the folder it looked in, one line each: run id, recipe, backend
 (local, ssh, slurm), nodes, status, when it started, how long it ran, steps, the last loss and
 the held-out accuracy when known ('-' where a run folder does not say). A run is "running"
 while its launch process lives; once it wrote its summary, the summary's status (succeeded,
@@ -120,9 +121,15 @@ def main(args) -> int:
     if args.json:
         print(json.dumps([s.to_json() for s in states], indent=2))
         return 0
+    from pathlib import Path
+
+    where = printable(str(Path(args.runs_dir).absolute()))
     if not states:
-        print(f"no runs in {printable(args.runs_dir)}/")
+        print(f"no runs in {where}/ (a run made with --runs-dir DIR is listed by "
+              "`launch runs --runs-dir DIR`)")
         return 0
+    print(f"{len(states)} run(s) in {where}/, in the order they started (another folder: "
+          "--runs-dir DIR)")
     print(format_table(("run", "recipe", "backend", "nodes", "status", "started", "duration",
                         "steps", "loss", "accuracy"), [_row(s) for s in states]), end="")
     for s in states:

@@ -28,6 +28,7 @@ from launcher.report.display import make_display
 from launcher.runs.folder import RunFolder
 from launcher.runs.logs import LineRouter, failure_excerpt
 from launcher.runs.progress import StepLines
+from launcher.workdir.left_out import missing_left_out
 
 EXIT_INTERRUPTED = 130
 
@@ -93,6 +94,9 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
                   finished: str, tails: dict[str, list[str]],
                   progress: dict[str, Any] | None = None) -> dict[str, Any]:
     exits = {e.name: e for e in outcome.nodes}
+    # The restarts made (a failure beyond the budget, which ended the run, is in restarts[]
+    # too, with restarted: false).
+    restarts = [r for r in outcome.recovery.get("restarts", []) if r.get("restarted", True)]
     summary: dict[str, Any] = {
         "run_id": plan.run_id,
         "status": outcome.status,
@@ -104,10 +108,15 @@ def build_summary(plan: RunPlan, outcome: Outcome, folder: RunFolder, started: s
         "world_size": plan.world_size,
         "nodes": [
             {"name": n.name, "address": n.address, "exit_code": exits[n.name].exit_code,
-             "status": exits[n.name].status, "restarts": exits[n.name].restarts}
+             "status": exits[n.name].status,
+             # The restarts that began at this node: restarts[] entries naming it.
+             "restarts": sum(r["node"] == n.name for r in restarts)}
             for n in plan.nodes
         ],
-        "attempt": folder.attempts(),
+        # LAUNCH_ATTEMPT of the job's last start, as its processes saw it: 0 for a first start,
+        # one more for each restart and each --resume (attempts/<n>/ numbers launches of the
+        # run from 1: the files of the n-th).
+        "attempt": folder.attempt_base() + len(restarts),
         # The checkpoint step this attempt started from (`launch run --resume`), if any.
         "resumed_from_step": outcome.recovery.get("resumed_from_step"),
         # Every failure the run restarted after (or stopped at, beyond the budget): where it
@@ -180,8 +189,9 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display,
-                        steps=steps)
+                        steps=steps, head=None if plan.job.is_trainer else plan.nodes[0].name)
     recovery.steps = steps
+    recovery.notify = router.message
     started = _now()
     what = (f"world size {plan.world_size}" if plan.job.uses_torchrun
             else "your command on each")
@@ -210,9 +220,17 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         outcome.reason = f"stopped by `launch stop` ({stop.get('by', 'someone')})"
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
-    tails = {n.name: failure_excerpt(router.tail(n.name, 200)) for n in plan.nodes}
+    tails = {n.name: failure_excerpt(router.tail(n.name, 200), errors=router.errors(n.name))
+             for n in plan.nodes}
     summary = build_summary(plan, outcome, folder, started, _now(), tails,
                             progress=steps.summary())
+    if outcome.status != "succeeded":
+        # A file the job did not find that the workdir's ignore rules left out: said so.
+        hints = missing_left_out(plan.workdir, router.tail(outcome.first_failure, 200)
+                                 if outcome.first_failure in tails else [],
+                                 [n.cwd or "" for n in plan.nodes])
+        if hints:
+            summary["failure"]["hints"] = hints
     if extra is not None:
         summary.update(extra())
     try:  # a run folder made read-only or full must not hide the run's outcome
@@ -232,7 +250,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         display.message(f"warning: no run report ({type(err).__name__}: {err}); "
                         f"`launch report {folder.root}` retries it")
     if outcome.status == "succeeded":
-        restarts = len(summary["restarts"])
+        restarts = sum(r.get("restarted", True) for r in summary["restarts"])
         after_restarts = f" after {restarts} restart(s)" if restarts else ""
         display.message(f"run {plan.run_id} succeeded{after_restarts}{_outcome_facts(summary)}"
                         f"; summary in {folder.root / 'summary.json'}")
@@ -247,6 +265,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         lines.append(f"last lines of node {failed}, its workers' own error first (full log: "
                      f"{folder.node_log(failed)}):")
         lines += [f"  {line}" for line in tails[failed]]
+        lines += summary["failure"].get("hints", [])
     lines.append(f"logs and summary kept in {folder.root}")
     code = EXIT_INTERRUPTED if outcome.status == "interrupted" else \
         EXIT_PREEMPTED if outcome.status == "preempted" else \

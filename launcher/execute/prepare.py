@@ -11,7 +11,6 @@ starts.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -35,14 +34,6 @@ class PrepareFailed(LauncherError):
     def __init__(self, node: str, reason: str):
         super().__init__(reason)
         self.node, self.reason = node, reason
-
-
-def path_with(python: str, path: str | None) -> str:
-    """PATH with the node's interpreter's folder first: `python`, `pip` and the tools installed
-    beside it (torchrun, deepspeed) are the ones the job's own commands find."""
-    folder = os.path.dirname(python)
-    parts = [p for p in (path or os.defpath).split(":") if p]
-    return ":".join([folder, *[p for p in parts if p != folder]]) if folder else ":".join(parts)
 
 
 class CommandLog:

@@ -27,6 +27,7 @@ from launcher.execute.forensics import NO_SIGN, NO_STEP, HangReport, investigate
 from launcher.execute.supervisor import PEER_LOST, describe_exit, exit_evidence
 from launcher.execute.watch import HangWatch
 from launcher.runs.logs import split_rank
+from launcher.runs.progress import parse_step
 
 # torchrun's agent, when a worker fails: "failed (exitcode: -9) local_rank: 0 (pid: 123) of
 # binary: ..." (torch/distributed/elastic/multiprocessing/api.py).
@@ -53,6 +54,10 @@ class Incident:
     steps_lost: int | None = None
     recovered_in_s: float | None = None
     checkpoint_load_s: float | None = None
+    # A user's job's LAUNCH_STEP lines around it: the highest step reported before, the first
+    # after (it resumed from a checkpoint of its own when that is above 1).
+    reached_step: int | None = None
+    next_step: int | None = None
     # Every (node, reason) reported within the incident, in order (blame may move on).
     reports: list[tuple[str, str]] = field(default_factory=list)
 
@@ -62,7 +67,8 @@ class Incident:
                 "resumed_from_step": self.resumed_from_step, "steps_lost": self.steps_lost,
                 "recovered_in_s": None if self.recovered_in_s is None
                 else round(self.recovered_in_s, 3),
-                "checkpoint_load_s": self.checkpoint_load_s}
+                "checkpoint_load_s": self.checkpoint_load_s,
+                "reached_step": self.reached_step, "next_step": self.next_step}
 
 
 class RestartBook:
@@ -71,6 +77,8 @@ class RestartBook:
     def __init__(self, budget: int):
         self.budget = budget
         self.incidents: list[Incident] = []
+        # Told of each new incident within the budget, outside the lock (Recovery announces it).
+        self.on_new = None
         # What this attempt started from (`launch run --resume`, or a trainer that found a
         # checkpoint at start-up): before any incident.
         self.started_from_step: int | None = None
@@ -80,6 +88,7 @@ class RestartBook:
         # Nodes whose workers reported losing a peer since the rendezvous last formed: victims
         # of a failure that began elsewhere (launcher/execute/supervisor.py PEER_LOST).
         self._peer_lost: set[str] = set()
+        self._step: int | None = None      # the highest LAUNCH_STEP step since the last incident
 
     @property
     def enabled(self) -> bool:
@@ -107,13 +116,18 @@ class RestartBook:
                     current.signal_death = True
                 self._reblame(current)
                 return True
-            self.incidents.append(Incident(kind, node, reason, now_s, signal_death,
-                                           reports=[(node, reason)]))
+            incident = Incident(kind, node, reason, now_s, signal_death,
+                                reports=[(node, reason)], reached_step=self._step)
+            self._step = None
+            self.incidents.append(incident)
             if len(self.incidents) > self.budget:
-                self._exhausted = (node, f"{reason}; the run had used its {self.budget} "
-                                         f"restart(s)")
+                where = "" if kind == "hang" else f"node {node}: "
+                self._exhausted = (node, f"{where}{reason}; the run had used its "
+                                         f"{self.budget} restart(s)")
                 return False
-            return True
+        if self.on_new is not None:
+            self.on_new(incident, len(self.incidents))
+        return True
 
     def _reblame(self, incident: Incident) -> None:
         """A node blamed for only losing its peer gives the blame to the first node of the
@@ -178,6 +192,14 @@ class RestartBook:
                 loaded = LOADED.search(text)
                 target.checkpoint_load_s = float(loaded["s"]) if loaded else None
             return
+        step = parse_step(text) if text.startswith("LAUNCH_STEP") else None
+        if step is not None:
+            with self._lock:
+                self._step = max(self._step or 0, step.step)
+                last = self.incidents[-1] if self.incidents else None
+                if last is not None and last.reformed and last.next_step is None:
+                    last.next_step = step.step
+            return
         if FIRST_STEP.match(text):
             with self._lock:
                 if self.incidents and self.incidents[-1].recovered_in_s is None:
@@ -190,8 +212,11 @@ class RestartBook:
                 current.reformed = True
 
     def to_json(self) -> list[dict[str, Any]]:
+        """Each incident; `restarted` false for the one beyond the budget, which ended the
+        run."""
         with self._lock:
-            return [i.to_json() for i in self.incidents]
+            return [{**i.to_json(), "restarted": n < self.budget}
+                    for n, i in enumerate(self.incidents)]
 
 
 class Recovery:
@@ -219,6 +244,22 @@ class Recovery:
         # not restarted on a machine that is no more.
         self.node_lost = node_lost
         self.lost: dict[str, str] = {}
+        # Where a restart is announced as it happens (the runner gives the terminal's line).
+        self.notify = None
+        self.book.on_new = self._announce
+
+    def restart_of(self) -> str:
+        """"restart N of M": the restart under way, against the budget."""
+        return f"restart {self.book.used} of {self.book.budget}"
+
+    def _announce(self, incident: Incident, number: int) -> None:
+        """One line per restart, as it begins. torchrun restarts a node's workers by itself
+        (a `worker` incident): nothing else says so; the supervisor says it for the restarts
+        it makes (an agent, every node, after a hang)."""
+        if incident.kind == "worker" and self.notify is not None:
+            self.notify(f"restart {number} of {self.book.budget}: node {incident.node}, "
+                        f"{incident.reason}; torchrun starts the node's workers again, the "
+                        "rendezvous re-forms")
 
     def _now_s(self) -> float:
         return self.clock() - self.started_at
@@ -264,8 +305,8 @@ class Recovery:
         self.hangs.append(report.to_json(now_s, "restart" if restart else "stop"))
         lines = report.lines(self.folder)
         if restart:
-            lines.append("restarting the nodes of the stuck ranks" if stuck
-                         else "restarting every node")
+            lines.append(f"{self.restart_of()}: " + ("restarting the nodes of the stuck ranks"
+                                                     if stuck else "restarting every node"))
         return report, restart, lines
 
     def trouble(self) -> tuple[str, str] | None:

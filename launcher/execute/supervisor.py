@@ -64,6 +64,13 @@ class Outcome:
     recovery: dict[str, Any] = field(default_factory=dict)  # restarts, hang, resumed step
 
 
+def interrupt_words(signum: int) -> str:
+    """What stopped launch, as a person would say it (ends with the signal's name)."""
+    if signum == signal.SIGINT:
+        return "Ctrl-C (SIGINT)"
+    return f"launch was sent {signal.Signals(signum).name}"
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "did not report an exit status"
@@ -122,6 +129,28 @@ def signal_death_evidence(lines: list[str]) -> int:
         for match in _SIGNAL_DEATH.finditer(line):
             found = max(found, exit_evidence(-int(match.group(1) or match.group(2))))
     return found
+
+
+# torchrun's words for a worker that died: its log line ("failed (exitcode: -9) local_rank: 0
+# (pid: 123) of binary: ...") or its report's ("exitcode  : -9 (pid: 123)").
+_WORKER_DIED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+) "
+                          r"\(pid: (?P<pid>\d+)\)|exitcode\s*:\s*(?P<code2>-?\d+) "
+                          r"\(pid: (?P<pid2>\d+)\)")
+
+
+def worker_death(lines: list[str]) -> str | None:
+    """What killed the node's worker when a signal did ("its worker local_rank 0 (pid 123)
+    was killed by SIGKILL"): torchrun then exits with code 1, which said nothing of it. The
+    last such line decides: an earlier one may be a failure the run restarted after."""
+    found = [m for m in map(_WORKER_DIED.search, lines) if m is not None]
+    if not found:
+        return None
+    code, pid = int(found[-1]["code"] or found[-1]["code2"]), found[-1]["pid"] or found[-1]["pid2"]
+    if code >= 0:
+        return None
+    ranks = [m["rank"] for m in found if m["rank"] and m["pid"] == pid]
+    rank = f" local_rank {ranks[-1]}" if ranks else ""
+    return f"its worker{rank} (pid {pid}) {describe_exit(code)}"
 
 
 # A rank that failed because a peer went away (gloo's "Connection closed by peer ... typically
@@ -352,14 +381,19 @@ class Supervisor:
         if now >= self.settle_until or self.request.signum is not None or \
                 all(e.exit_code is not None for e in self.exits.values()):
             node = self.blame()
-            self.fail(node, f"node {node} {describe_exit(self.exits[node].exit_code)}",
-                      "stopping the other nodes")
+            code = self.exits[node].exit_code
+            death = worker_death(self.router.tail(node, 200))
+            self.fail(node, f"node {node}: {death} (torchrun {describe_exit(code)})" if death
+                      else f"node {node} {describe_exit(code)}", "stopping the other nodes")
 
     def on_signal(self) -> None:
         if self.request.signum is not None and self.stop_at is None:
             self.status = "interrupted"
-            self.reason = f"launch received {signal.Signals(self.request.signum).name}"
-            self.begin_stop(f"{self.reason}; stopping all nodes")
+            self.reason = interrupt_words(self.request.signum)
+            again = "; Ctrl-C again kills them now" \
+                if self.request.signum == signal.SIGINT else ""
+            self.begin_stop(f"{self.reason}: stopping every node (SIGTERM, SIGKILL after "
+                            f"{self.grace_s:g} s{again})")
 
     def escalate(self) -> None:
         """SIGKILL once the grace period is over, or at once at a second Ctrl-C."""
@@ -407,8 +441,8 @@ class Supervisor:
         peers wait that long in the rendezvous). Returns why it could not be."""
         recovery = self.recovery
         if not recovery.restart_together:
-            self.notify(f"restarting node {p.name} ({why}); the other nodes wait in the "
-                        "rendezvous")
+            self.notify(f"{_restart_of(recovery)}: node {p.name}, {why}; starting its agent "
+                        "again, the other nodes wait in the rendezvous")
         p.signal(signal.SIGKILL)
         gone_by = time.monotonic() + self.grace_s + 5.0
         while p.poll() is None and time.monotonic() < gone_by:
@@ -437,7 +471,7 @@ class Supervisor:
         """A job that brought its own launcher (a command) is restarted whole: every node
         stopped (SIGTERM, SIGKILL after the grace period), then every node started again with
         the next LAUNCH_ATTEMPT. Returns (why it could not be, the node)."""
-        self.notify(f"restarting every node ({why})")
+        self.notify(f"{_restart_of(self.recovery)}: {why}; restarting every node")
         running = [p for p in self.procs if p.poll() is None]
         for p in running:
             self.router.mute(p.name)
@@ -478,6 +512,11 @@ class Supervisor:
                 return problem, name
         self.recovery.restarted()
         return None, None
+
+
+def _restart_of(recovery) -> str:
+    restart_of = getattr(recovery, "restart_of", None)
+    return restart_of() if restart_of is not None else "restart"
 
 
 def stop_services(services: list[NodeProcess], grace_s: float, poll_s: float = 0.05) -> None:

@@ -390,6 +390,9 @@ class Recipe(_Strict):
     # A recipe made from the command line (`launch run train.py`) has no file: its YAML, kept
     # in the run folder as the run's recipe.yml (what `--resume` reads).
     text: str | None = Field(None, exclude=True)
+    # The names of `env` that `launch run --env` gave (not part of the YAML, nor of the run's
+    # recipe.yml: their values are shown masked and kept nowhere but where the ranks read them).
+    command_line_env: tuple[str, ...] = Field((), exclude=True)
 
     @field_validator("workdir")
     @classmethod
@@ -568,6 +571,7 @@ def recipe_from_mapping(data: Any, source: str, base_dir: str | Path = ".",
                           "...)")
     try:
         recipe = Recipe.model_validate({**data, "source": source, "text": text,
+                                        "command_line_env": (),
                                         "base_dir": str(Path(base_dir).resolve())})
     except ValidationError as exc:
         found: dict[str, str] = {}

@@ -57,7 +57,8 @@ class RunRequest:
         return {
             "recipe": {"data": recipe.model_dump(mode="json", exclude_unset=True),
                        "source": recipe.source,
-                       "base_dir": recipe.base_dir, "text": recipe.text},
+                       "base_dir": recipe.base_dir, "text": recipe.text,
+                       "command_line_env": list(recipe.command_line_env)},
             "run_id": self.run_id, "count": self.count, "job": self.job.to_json(),
             "workdir": self.workdir.to_json() if self.workdir is not None else None,
             "runs_dir": self.runs_dir, "grace_s": self.grace_s, "rdzv_port": self.rdzv_port,
@@ -76,6 +77,10 @@ class RunRequest:
         rec = data["recipe"]
         recipe = recipe_from_mapping(rec["data"], rec["source"], rec["base_dir"],
                                      text=rec.get("text"))
+        if rec.get("command_line_env"):
+            # The names --env gave: their values are shown masked wherever the run shows them.
+            recipe = recipe.model_copy(
+                update={"command_line_env": tuple(rec["command_line_env"])})
         job = data["job"]
         workdir = data.get("workdir")
         recover = data.get("recover")

@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher.cluster.inventory import Node
 from launcher.core.errors import RecipeError
+from launcher.job.environment import FROM_FLAG, FROM_LOGIN, FROM_RECIPE, masked, path_with
 from launcher.job.recipe import Recipe
 from launcher.job.spec import Job, job_of
 from launcher.job.torchrun import endpoint, torchrun_argv
@@ -36,6 +37,10 @@ class Placement:
     cpus: int | None = None              # cores this node agent may use (OMP_NUM_THREADS)
     visible_gpus: tuple[int, ...] | None = None   # CUDA_VISIBLE_DEVICES split on one machine
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the EFA env file's values
+    # The node's login environment when launch must give it (launcher/job/environment.py: on
+    # this machine, the login's variables of launch's own environment); empty where the node
+    # has its own (a process over SSH gets its login's).
+    login_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,14 @@ class NodeCommand:
     # The node's interpreter and launch_node/node_probe.py: what launch runs there to read the
     # ranks' heartbeats and dump their stacks when the run hangs.
     probe: tuple[str, ...] = ()
+    # Where a variable of `env` comes from when not launch's own (launcher/job/environment.py
+    # FROM_*), and the names given with --env, whose values are shown and kept masked.
+    env_from: dict[str, str] = field(default_factory=dict)
+    masked: frozenset[str] = frozenset()
+
+    def shown_env(self) -> dict[str, str]:
+        """`env` as printed and kept (plan.json): --env values masked."""
+        return {k: masked(v) if k in self.masked else v for k, v in self.env.items()}
 
     def shell_line(self) -> str:
         """What a person would type; also the one string a remote shell receives."""
@@ -63,7 +76,8 @@ class NodeCommand:
         return {
             "name": self.name, "address": self.address,
             "private_address": self.private_address, "is_head": self.is_head,
-            "gpus": self.gpus, "argv": list(self.argv), "env": dict(self.env),
+            "gpus": self.gpus, "argv": list(self.argv), "env": self.shown_env(),
+            "env_from": dict(self.env_from),
             "run_dir": self.run_dir, "cwd": self.cwd, "instance_type": self.instance_type,
             "probe": list(self.probe),
         }
@@ -187,19 +201,44 @@ class RunPlan:
         if self.store:
             lines += ["", f"rendezvous store on {self.store.name} (started first, stopped after "
                           "the last agent):", "    " + shlex.join(self.store.argv)]
+        login_given = any(v.startswith(FROM_LOGIN) for v in self.nodes[0].env_from.values())
+        lines += ["", *environment_lines(login_given)]
         for node in self.nodes:
             role = "head, rendezvous store here" if node.is_head else "worker"
             lines += ["", f"node {node.name} ({node.address}, {role}, {node.gpus} GPU(s))"]
             if node.cwd:
                 lines.append(f"  cwd:  {node.cwd}")
-            lines.append("  env:")
-            lines += [f"    {k}={shlex.quote(v)}" for k, v in node.env.items()]
+            lines.append("  env (launch's own unless marked):")
+            lines += env_lines(node)
             lines.append("  command:")
             lines.append("    " + shlex.join(node.argv))
         return "\n".join(lines)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+
+def env_lines(node: NodeCommand, indent: str = "    ") -> list[str]:
+    """Each variable of the node's env as `K=V`, marked with where it comes from when that is
+    not launch (--env values masked)."""
+    out = []
+    for k, v in node.shown_env().items():
+        text = f"{indent}{k}={shlex.quote(v)}"
+        source = node.env_from.get(k)
+        out.append(f"{text}    # {source}" if source else text)
+    return out
+
+
+def environment_lines(login_given: bool, login: str | None = None) -> list[str]:
+    """The rule for every rank's environment, as --dry-run states it
+    (launcher/job/environment.py); `login` says what the node's login environment is."""
+    base = login or (
+        "here, the variables of launch's own environment that a login would set, marked "
+        "`login` below" if login_given else
+        "what a command started over SSH gets there, from its login shell")
+    return ["environment of every rank (docs/jobs.md#the-environment): the node's login "
+            f"environment ({base}); then the recipe's env:, --env, and launch's own. Nothing "
+            "else of launch's environment: --env NAME passes one"]
 
 
 def render_workdir(manifest: Any, setup: tuple[str, ...]) -> list[str]:
@@ -258,14 +297,22 @@ def cluster_env(rank: int, nodes: list[Node], head_addr: str, port: int,
             "LAUNCH_GPUS_PER_NODE": str(gpus)}
 
 
-def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: int) -> dict:
+def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement,
+             nproc: int) -> tuple[dict[str, str], dict[str, str]]:
+    """The node's env (launcher/job/environment.py's layers) and where each value not
+    launch's own comes from."""
     # PYTHONUNBUFFERED: torchrun re-prints its workers' lines on its own stdout, a pipe (or
     # an SSH channel) that Python would otherwise flush only every 8 KB.
     # LAUNCH_PYTHON: the node's interpreter; its folder goes first on PATH where the node's
     # processes start (launcher/execute/prepare.py path_with), so the job's own commands find
     # the python, pip, torchrun, deepspeed installed beside it.
-    env: dict[str, str] = {"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": node.name,
-                           "PYTHONUNBUFFERED": "1", "LAUNCH_PYTHON": place.python}
+    env: dict[str, str] = dict(place.login_env)
+    sources = {k: FROM_LOGIN for k in env}
+    if "PATH" in env:
+        env["PATH"] = path_with(place.python, env["PATH"])
+        sources["PATH"] = f"{FROM_LOGIN}, LAUNCH_PYTHON's folder first"
+    env.update({"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": node.name,
+                "PYTHONUNBUFFERED": "1", "LAUNCH_PYTHON": place.python})
     if place.cpus:
         # Ranks sharing a node would otherwise each start one OpenMP thread per core and
         # oversubscribe it (measured: a CPU ViT step went from ~2.8 s to ~1.0 s).
@@ -293,13 +340,19 @@ def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement, nproc: i
     if place.checkpoint_dir:
         env["LAUNCH_CHECKPOINT_DIR"] = place.checkpoint_dir
     env.update(place.extra_env)
+    for k in place.extra_env:
+        sources.pop(k, None)
     env.update(recipe.env_strings())
+    sources.update({k: FROM_FLAG if k in recipe.command_line_env else FROM_RECIPE
+                    for k in recipe.env})
     if place.workdir:
         # The shipped folder first: the job imports its own code before anything installed,
         # the recipe's PYTHONPATH entries after it (relative ones from the workdir).
         env["LAUNCH_WORKDIR"] = place.workdir
         env["PYTHONPATH"] = ":".join(p for p in (place.workdir, env.get("PYTHONPATH")) if p)
-    return env
+        if "PYTHONPATH" in sources:
+            sources["PYTHONPATH"] += ", after the workdir"
+    return env, sources
 
 
 def trainer_program(recipe: Recipe) -> Callable[[Placement], list[str]]:
@@ -387,7 +440,7 @@ def plan_run(
             argv = [place.python, f"{place.code_dir}/launch_node/worker.py", "exec", *job.args]
         else:
             argv = list(job.args)
-        env = node_env(recipe, run_id, node, place, nproc)
+        env, env_from = node_env(recipe, run_id, node, place, nproc)
         if place.workdir and workdir is not None:
             # What the copy must hold when the job starts (launch_node/worker.py checks it).
             env["LAUNCH_WORKDIR_DIGEST"] = workdir.digest
@@ -402,6 +455,7 @@ def plan_run(
             env=env, run_dir=place.run_dir,
             cwd=place.workdir or place.cwd, instance_type=node.instance_type,
             probe=(place.python, f"{place.code_dir}/launch_node/node_probe.py"),
+            env_from=env_from, masked=frozenset(recipe.command_line_env),
         ))
     head_place = placements[head.name]
     store = NodeCommand(
@@ -409,7 +463,8 @@ def plan_run(
         is_head=True, gpus=0,
         argv=(head_place.python, f"{head_place.code_dir}/launch_node/rdzv_store.py",
               "--host", rdzv_host, "--port", str(port)),
-        env={"LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": head.name, "PYTHONUNBUFFERED": "1"},
+        env={**head_place.login_env, "LAUNCH_RUN_ID": run_id, "LAUNCH_NODE": head.name,
+             "PYTHONUNBUFFERED": "1"},
         run_dir=head_place.run_dir, cwd=head_place.cwd, instance_type=head.instance_type,
     )
     return RunPlan(

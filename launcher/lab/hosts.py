@@ -161,6 +161,9 @@ class Lab:
                     host.address = address   # reached only through the head
             if cap:
                 self.cap(host.name, cap)
+            self.save()
+        self._write_hosts_files()
+        for host in self.hosts:
             known.append(self._start_sshd(host))
             self.save()
         self.known_hosts.write_text("".join(known))
@@ -217,6 +220,31 @@ class Lab:
                    f"(bridge {self.bridge}){behind}; remove with `launch lab down --dir "
                    f"{self.dir}`",
         )
+
+    def _write_hosts_files(self) -> None:
+        """Every host's /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts over it for
+        sshd and all it starts): this machine's, and every lab host's addresses, also in the
+        v4-mapped IPv6 form. c10d's store looks up the name of each client that connects,
+        which it sees as ::ffff:10.x.y.z: without an entry the lookup failed (the lab has no
+        DNS) and every run printed "[c10d] The hostname of the client socket cannot be
+        retrieved. err=-3" once per connection, 6 times in all. Written in place: a file
+        mounted already shows a host added later (replace_host)."""
+        try:
+            own = Path("/etc/hosts").read_text()
+        except OSError:
+            own = "127.0.0.1 localhost\n"
+        names = {}
+        for h in self.hosts:
+            for addr in dict.fromkeys([h.address, h.rank_address]):
+                names.setdefault(addr, h.name)
+        lines = [f"# launch lab {self.lab_id}: this machine's /etc/hosts, then the lab's hosts",
+                 own.rstrip("\n"), *(f"{a} {n}" for a, n in names.items()),
+                 *(f"::ffff:{a} {n}" for a, n in names.items())]
+        for h in self.hosts:
+            path = Path("/etc/netns") / h.netns / "hosts"
+            if path.parent.is_dir():
+                with open(path, "w") as f:   # in place: mounted copies see the change
+                    f.write("\n".join(lines) + "\n")
 
     def _start_sshd(self, host: LabHost) -> str:
         hdir = self.dir / host.name
@@ -342,6 +370,7 @@ class Lab:
         netns.add_namespace(host.netns)
         self._link(host, host.veth, "eth0", self.bridge, host.address, net.prefixlen)
         netns.add_default_route(host.netns, netns.gateway(net))
+        self._write_hosts_files()
         with open(self.known_hosts, "a") as known:
             known.write(self._start_sshd(host))
         self.save()

@@ -26,7 +26,7 @@ from typing import Any
 from launcher.core import safefile
 from launcher.core.errors import LauncherError, RunFailed
 from launcher.job.request import RunRequest
-from launcher.execute.supervisor import StopRequest
+from launcher.execute.supervisor import StopRequest, interrupt_words
 from launcher.report.display import make_display
 from launcher.runs.console import CONSOLE, EventReader, replay
 
@@ -156,8 +156,7 @@ def no_end(home, signum: int | None) -> dict[str, Any]:
     it waited), or its home ended it (a Slurm job cancelled from outside, out of time), or it
     died. Said as the run's failure, with what is known, and kept in its summary."""
     if signum:
-        name = signal.Signals(signum).name
-        reason = f"launch received {name} before the run started ({home.where}); it was " \
+        reason = f"{interrupt_words(signum)} before the run started ({home.where}); it was " \
                  "cancelled"
         home.settle(status="interrupted", reason=reason)
         raise RunFailed(reason, exit_code=130 if signum == signal.SIGINT else 128 + signum)

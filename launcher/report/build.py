@@ -391,12 +391,40 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "warnings": warnings,
         "advice": _advice(entries, training, kind),
     }
+    failure = _failure(summary)
+    if failure is not None:   # only a run that did not succeed carries the key
+        report["failure"] = failure
+        report["advice"] = [_failure_advice(failure, report["run_id"]), *report["advice"]]
     if workload == "job":   # only a run of the user's own job carries the key
         report["job"] = _job(plan, summary)
     recovery = _recovery(summary)
     if recovery is not None:  # only runs that restarted, hung or resumed carry the key
         report["recovery"] = recovery
     return report
+
+
+def _failure(summary: dict | None) -> dict | None:
+    """How the run ended when it did not succeed (summary.json's failure): where, why, and the
+    lines launch chose from the node's log (the failing rank's exception first)."""
+    summary = summary or {}
+    failure = summary.get("failure")
+    if summary.get("status") in (None, "succeeded") or not isinstance(failure, dict):
+        return None
+    node = failure.get("first_failed_node")
+    return {"status": summary.get("status"), "node": node, "reason": failure.get("reason"),
+            "excerpt": list(failure.get("last_lines") or []),
+            "hints": list(failure.get("hints") or []),
+            "log": f"{node}/node.log" if node else None}
+
+
+def _failure_advice(failure: dict, run_id: str) -> str:
+    if failure["status"] == "interrupted":
+        return (f"the run was stopped ({failure['reason']}): `launch run --resume {run_id}` "
+                "continues it from its last checkpoint")
+    where = f" on node {failure['node']}" if failure["node"] else ""
+    log = f" (its whole log: `{failure['log']}`)" if failure["log"] else ""
+    return (f"the run {failure['status']}{where}: fix what the lines under Failure show{log}, "
+            f"then `launch run --resume {run_id}` continues from the last checkpoint")
 
 
 def _job(plan: dict, summary: dict | None) -> dict:
@@ -416,7 +444,9 @@ def _recovery(summary: dict | None) -> dict | None:
     if not summary.get("restarts") and not summary.get("hang") and \
             not summary.get("resumed_from_step"):
         return None
-    return {key: summary.get(key) for key in keys}
+    job = summary.get("job") if isinstance(summary.get("job"), dict) else {}
+    return {**{key: summary.get(key) for key in keys},
+            "user_job": job.get("kind") in USER_JOBS}
 
 
 def _straggler_advice(training: dict | None) -> list[str]:
@@ -507,6 +537,7 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
         f"{report['status']} · {report['workload']} · backend {report['backend'] or 'unknown'} "
         f"· {report['nnodes']} node(s), world size {report['world_size']}",
         "",
+        *_failure_lines(report.get("failure")),
         "## Nodes",
         "",
         "| node | instance type | GPUs | interconnect | NCCL | network; transports "
@@ -585,6 +616,20 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
                      for line in lines) + "\n"
 
 
+def _failure_lines(failure: dict | None) -> list[str]:
+    """The section a report of a failed run leads with."""
+    if failure is None:
+        return []
+    where = f"Node {failure['node']}: " if failure["node"] else ""
+    lines = ["## Failure", "", f"{where}{failure['reason'] or failure['status']}.", ""]
+    if failure["excerpt"]:
+        lines += ["Its last lines, the failing rank's own error first"
+                  + (f" (all of them in `{failure['log']}`):" if failure["log"] else ":"),
+                  "", "```", *failure["excerpt"], "```", ""]
+    lines += [f"- {hint}" for hint in failure["hints"]]
+    return lines + ([""] if failure["hints"] else [])
+
+
 def _s(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds:.4f} s"
 
@@ -642,14 +687,15 @@ def _recovery_lines(recovery: dict) -> list[str]:
         lines.append(f"- attempt {recovery.get('attempt')} resumed from checkpoint step "
                      f"{recovery['resumed_from_step']} (`launch run --resume`)")
     for r in recovery.get("restarts") or []:
-        resumed = ("started over from step 0" if r["resumed_from_step"] == 0 else
-                   f"resumed from step {r['resumed_from_step']}"
-                   if r["resumed_from_step"] is not None else "not resumed")
+        if not r.get("restarted", True):
+            lines.append(f"- failure after {r['at_time_s']:.1f} s, node {r['node']} "
+                         f"({r['kind']}): {r['reason']}; no restart left: the run stopped")
+            continue
         lost = "" if r["steps_lost"] is None else f", {r['steps_lost']} step(s) redone"
         back = ("" if r["recovered_in_s"] is None
                 else f", training again {r['recovered_in_s']:.1f} s later")
         lines.append(f"- restart after {r['at_time_s']:.1f} s, node {r['node']} ({r['kind']}): "
-                     f"{r['reason']}; {resumed}{lost}{back}")
+                     f"{r['reason']}; {_resumed(r, recovery.get('user_job'))}{lost}{back}")
     hang = recovery.get("hang")
     if hang:
         stuck = ", ".join(f"rank {v['rank']} on {v['node']} ({v['state']}, at {v['frame']})"
@@ -661,6 +707,26 @@ def _recovery_lines(recovery: dict) -> list[str]:
                      + f"; then {hang['action']}. Stacks: "
                      + ", ".join(f"`{d}`" for d in hang["dumps"]))
     return lines
+
+
+def _resumed(restart: dict, user_job: bool | None) -> str:
+    """What is known of where the job went on after a restart: the trainer says which
+    checkpoint it loaded; a job of the user's own says nothing, but its LAUNCH_STEP lines
+    show where it went on."""
+    if restart["resumed_from_step"] is not None:
+        return ("started over from step 0" if restart["resumed_from_step"] == 0 else
+                f"resumed from step {restart['resumed_from_step']}")
+    if not user_job:
+        return "not resumed"
+    after, before = restart.get("next_step"), restart.get("reached_step")
+    if after is None:
+        return ("where the job went on is its own to know (no LAUNCH_STEP line after the "
+                "restart)")
+    had = f" (it had reported step {before})" if before is not None else ""
+    if after <= 1:
+        return f"its next LAUNCH_STEP was step {after}{had}: it started over"
+    return (f"its next LAUNCH_STEP was step {after}{had}: it went on from a checkpoint of "
+            "its own")
 
 
 def checked_report(run_dir: str | Path, *, bench: str | Path | None = None) -> dict:

@@ -70,7 +70,23 @@ def load_run(run_dir: str | Path, label: str) -> RunFacts:
             recipe = None     # compare_runs notes the run as one without a recipe
     return RunFacts(label, run_dir, report,
                     summary if isinstance(summary, dict) else {},
-                    recipe if isinstance(recipe, dict) else None, types)
+                    as_run(recipe, plan) if isinstance(recipe, dict) else None, types)
+
+
+def as_run(recipe: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """The recipe as the run had it: the node count and restarts the command line gave
+    (plan.json; a recipe made from `launch run train.py --nodes 4` names none), and the workdir
+    as the folder it is (`.` in one recipe and `..` in another can be one folder)."""
+    out = dict(recipe)
+    if isinstance(plan.get("nnodes"), int):
+        out["nodes"] = plan["nnodes"]
+    restarts = (plan.get("recovery") or {}).get("restarts")
+    if isinstance(restarts, int):
+        out["restarts"] = restarts
+    base = (plan.get("recipe") or {}).get("base_dir")
+    if isinstance(out.get("workdir"), str) and isinstance(base, str):
+        out["workdir"] = str((Path(base) / out["workdir"]).resolve())
+    return out
 
 
 # ----------------------------------------------------------------------------- the figures
@@ -263,10 +279,50 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _is_words(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value)
+
+
+def list_differences(lists: list[list[Any]]) -> list[str]:
+    """Each run's words where its list (an argv: job.args) differs from the first run's, with
+    the word before each difference (its option) and `…` for what is the same: one changed
+    `--lr` value is one short cell per run, not two whole argument lists."""
+    import difflib
+    import shlex
+
+    first = [str(w) for w in lists[0]]
+    spans: list[set[int]] = [set() for _ in lists]
+    for i, other in enumerate(lists[1:], start=1):
+        words = [str(w) for w in other]
+        for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, first, words,
+                                                           autojunk=False).get_opcodes():
+            if tag != "equal":
+                spans[0].update(range(max(0, a0 - 1), a1))
+                spans[i].update(range(max(0, b0 - 1), b1))
+    cells = []
+    for words, keep in zip(lists, spans):
+        words = [str(w) for w in words]
+        out, last = [], -1
+        for j in sorted(keep):
+            if j != last + 1:
+                out.append("…")
+            out.append(shlex.quote(words[j]))
+            last = j
+        if last != len(words) - 1 and keep:
+            out.append("…")
+        cells.append(" ".join(out) if keep else "…" if words else "(none)")
+    return cells
+
+
 def difference_cells(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     header = ["recipe key", *(r.label for r in comparison.runs)]
-    return header, [[key, *(_value(v) for v in values)]
-                    for key, values in comparison.recipe_differences.items()]
+    rows = []
+    for key, values in comparison.recipe_differences.items():
+        if all(_is_words(v) for v in values):
+            rows.append([key, *list_differences(values)])
+        else:
+            rows.append([key, *(_value(v) for v in values)])
+    return header, rows
 
 
 def render_text(comparison: Comparison) -> str:

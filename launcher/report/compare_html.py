@@ -9,8 +9,8 @@ from pathlib import Path
 from launcher.core.errors import LauncherError
 from launcher.report import page
 from launcher.report.compare import Comparison, cells, data_wait_s, difference_cells, split_part
-from launcher.report.html import read_metrics
-from launcher.report.plots import COMM, COMPUTE, DATA, attempts
+from launcher.report.html import step_curves
+from launcher.report.plots import COMM, COMPUTE, DATA
 
 
 def _bars(comparison: Comparison):
@@ -55,8 +55,8 @@ def _bars(comparison: Comparison):
 
 def _curves(comparison: Comparison):
     """Every run's loss against step and against training time, on the same axes."""
-    series = [(r.label, attempts(read_metrics(r.run_dir / "metrics.jsonl")))
-              for r in comparison.runs]
+    # The trainer's metrics.jsonl, or a job's LAUNCH_STEP lines (progress.jsonl).
+    series = [(r.label, step_curves(r.run_dir, r.report)) for r in comparison.runs]
     if not any(r.get("loss") is not None for _, runs in series for a in runs
                for r in a.records):
         return None

@@ -79,7 +79,8 @@ def _headline(report: dict, summary: dict) -> list[tuple[str, str]]:
     if stragglers:
         items.append((", ".join(stragglers), "straggler"))
     if summary.get("restarts"):
-        items.append((str(len(summary["restarts"])), "restart(s)"))
+        items.append((str(sum(r.get("restarted", True) for r in summary["restarts"])),
+                      "restart(s)"))
     if _num(summary.get("duration_s")):
         items.append((f"{summary['duration_s']:.1f} s", "duration"))
     return items
@@ -123,7 +124,7 @@ def _exits(summary: dict) -> str:
     return page.table(("node", "status", "exit code", "restarts"), rows, numeric=(2, 3))
 
 
-def _curves(run_dir: Path, report: dict) -> list[plots.Attempt]:
+def step_curves(run_dir: Path, report: dict) -> list[plots.Attempt]:
     """The logged steps: the trainer's metrics.jsonl, or a user's job's progress.jsonl."""
     if report["workload"] == "job":
         return plots.attempts(plots.job_records(read_metrics(run_dir / PROGRESS_FILE,
@@ -215,7 +216,7 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     run_dir = Path(run_dir)
     summary = _json(SummaryRecord, run_dir / "summary.json", run_dir.parent)
     summary = summary if isinstance(summary, dict) else {}
-    runs = _curves(run_dir, report)
+    runs = step_curves(run_dir, report)
     _, sections = page.markdown_sections(markdown)
     link = _linker(run_dir)
     body = [f"<h1>Run report: {page.esc(report['run_id'])}</h1>", _lead(report, summary),
@@ -223,6 +224,7 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     steps_heading = "Job" if report["workload"] == "job" else "Training"  # as report.md's
     # (heading, report.md's section shown under it, what the page adds)
     layout = [
+        ("Failure", "Failure", []),
         (steps_heading, steps_heading, _training_parts(report, summary, runs)),
         ("Where each rank's step went", None, _rank_parts(report, summary, runs)),
         ("Communication", None, _comm_parts(report, runs)),

@@ -114,7 +114,7 @@ def _cells(line: str) -> list[str]:
 
 def markdown(text: str, link: Callable[[str], str | None] = lambda _: None) -> str:
     """The markdown report.md is written in (headings, pipe tables, bullets, paragraphs,
-    `code`) as HTML."""
+    `code`, fenced blocks of lines) as HTML."""
     out: list[str] = []
     lines = text.splitlines()
     i = 0
@@ -122,6 +122,14 @@ def markdown(text: str, link: Callable[[str], str | None] = lambda _: None) -> s
         line = lines[i]
         if not line.strip():
             i += 1
+        elif line.startswith("```"):
+            block = []
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                block.append(lines[i])
+                i += 1
+            i += 1
+            out.append(f"<pre>{esc(chr(10).join(block))}</pre>")
         elif line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             out.append(f"<h{level}>{_inline(line[level:].strip(), link)}</h{level}>")

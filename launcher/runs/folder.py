@@ -212,7 +212,7 @@ class RunFolder:
                                       "summary.json", within=self.runs)
             except LauncherError:
                 continue
-            base += len(summary.restarts)
+            base += sum(r.restarted for r in summary.restarts)
         return base
 
     @classmethod

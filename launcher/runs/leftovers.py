@@ -20,8 +20,9 @@ from launcher.core import safefile
 from launcher.core.errors import LauncherError
 from launcher.core.names import RULES
 from launcher.runs.folder import LAUNCH_FILE, STAMP_ENV
-from launcher.runs.schema import (MAX_SMALL, LaunchRecord, MetricsLine, PlanRecord, SummaryRecord,
-                                read_lines, read_record)
+from launcher.runs.progress import PROGRESS_FILE
+from launcher.runs.schema import (MAX_SMALL, LaunchRecord, MetricsLine, PlanRecord,
+                                  ProgressLine, SummaryRecord, read_lines, read_record)
 
 # The last logged step of a run still going: read from the end of its head's metrics.
 _METRICS_TAIL = 64 * safefile.KIB
@@ -157,6 +158,12 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
         state.duration_s = summary.duration_s
         state.steps, state.loss, state.accuracy = (summary.steps, summary.final_loss,
                                                    summary.eval_accuracy)
+        progress = summary.progress if isinstance(summary.progress, dict) else {}
+        if state.steps is None and isinstance(progress.get("step"), int):
+            # A job of the user's own: what its LAUNCH_STEP lines reported.
+            state.steps = progress["step"]
+            loss = progress.get("loss")
+            state.loss = float(loss) if isinstance(loss, (int, float)) else None
     elif state.status == "running":
         state.duration_s = _elapsed(launch.started_at)
     if summary is None and plan is not None and plan.nodes:
@@ -181,16 +188,19 @@ def _detached_where(folder: Path) -> str | None:
 
 
 def _last_logged(state: RunState, folder: Path, head: str) -> None:
-    """A run without a summary: its last logged step and loss, from its head's metrics."""
-    path = folder / head / "metrics.jsonl"
-    if safefile.lstat(path, within=folder.parent) is None:
-        return
-    try:
-        lines = read_lines(MetricsLine, path, within=folder.parent, max_bytes=_METRICS_TAIL)
-    except LauncherError:
-        return
-    if lines:
-        state.steps, state.loss = lines[-1].step, lines[-1].loss
+    """A run without a summary: its last logged step and loss, from its head's metrics (the
+    trainer's) or the run's progress.jsonl (a job's LAUNCH_STEP lines)."""
+    for path, model in ((folder / head / "metrics.jsonl", MetricsLine),
+                        (folder / PROGRESS_FILE, ProgressLine)):
+        if safefile.lstat(path, within=folder.parent) is None:
+            continue
+        try:
+            lines = read_lines(model, path, within=folder.parent, max_bytes=_METRICS_TAIL)
+        except LauncherError:
+            continue
+        if lines:
+            state.steps, state.loss = lines[-1].step, lines[-1].loss
+            return
 
 
 def runs_in(runs_dir: str | Path) -> list[RunState]:
@@ -218,7 +228,9 @@ def runs_in(runs_dir: str | Path) -> list[RunState]:
         state = run_state(folder)
         if state is not None:
             states.append(state)
-    return states
+    # In the order they started (the newest last, by the prompt); a folder that does not say
+    # when (refused, unreadable) by its name, first.
+    return sorted(states, key=lambda s: (s.started_at or "", s.run_id))
 
 
 def abandoned_warnings(runs_dir: str | Path) -> list[str]:

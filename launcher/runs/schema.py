@@ -142,6 +142,10 @@ class Restart(_Record):
     resumed_from_step: Step | None = None
     steps_lost: Step | None = None
     recovered_in_s: Seconds | None = None
+    reached_step: Step | None = None
+    next_step: Step | None = None
+    # False for the failure beyond the restart budget, which ended the run.
+    restarted: Annotated[bool, Strict()] = True
 
 
 class RankVerdict(_Record):
@@ -167,7 +171,9 @@ class SummaryRecord(_Record):
     recipe: Short | None = None
     nnodes: Annotated[int, Strict(), Field(ge=0, le=MAX_NODES)] | None = None
     world_size: Count | None = None
-    attempt: Annotated[int, Strict(), Field(ge=1, le=MAX_ATTEMPT)] | None = None
+    # LAUNCH_ATTEMPT of the job's last start (run folders written before it counted launches
+    # from 1).
+    attempt: Annotated[int, Strict(), Field(ge=0, le=MAX_ATTEMPT)] | None = None
     resumed_from_step: Step | None = None
     restarts: list[Restart] = []
     hang: Hang | None = None

@@ -105,6 +105,8 @@ class Entry:
 class Excluded:
     path: str                 # folders end with `/`
     reason: str
+    size: int | None = None   # a file's bytes (a left-out folder is not looked into)
+    rule: bool = False        # left out by an ignore rule (.gitignore, .launchignore)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ class Manifest:
             "total_bytes": self.total_bytes,
             "entries": [{k: v for k, v in vars(e).items() if v is not None}
                         for e in self.entries],
-            "excluded": [vars(x) for x in self.excluded],
+            "excluded": [{k: v for k, v in vars(x).items() if v is not None}
+                         for x in self.excluded],
             "secrets": [vars(s) for s in self.secrets],
             "warnings": list(self.warnings),
         }
@@ -326,7 +329,8 @@ def _walk(root: Path, leave_out: dict[bytes, str]) -> _Walk:
             is_dir = stat.S_ISDIR(st.st_mode)
             rule = gitignore.decide(lists, prefix + b"/" + path if prefix else path, is_dir)
             if rule is not None and not rule.negative:
-                walk.excluded.append(Excluded(name + ("/" if is_dir else ""), rule.describe()))
+                walk.excluded.append(Excluded(name + ("/" if is_dir else ""), rule.describe(),
+                                              None if is_dir else st.st_size, rule=True))
             elif is_dir:
                 walk.dirs.append((path, st))
                 stack.append((path, lists))

@@ -246,3 +246,13 @@ def test_debug_adds_the_traceback_and_changes_nothing_else(path, place, capsys):
     assert "Traceback (most recent call last)" in loud.err
     # The same message, after the traceback; the same output before it.
     assert loud.err.endswith(quiet.err) and loud.out == quiet.out
+
+
+def test_arguments_for_the_script_without_dash_dash_are_refused_with_the_hint(capsys):
+    """`launch run train.py --epochs 3`: argparse once said only `unrecognized arguments`."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--local", "train.py", "--epochs", "3", "--dry-run"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "launch: error: unrecognized arguments: --epochs 3 (arguments for your script go "
+        "after --: launch run ... SCRIPT.py -- --epochs 3)")

@@ -11,8 +11,9 @@
     .launchignore      scratch.txt: adds to .gitignore
     setup: writes setup-ran.txt, which main.py checks for
 
-main.py prints one `RESULT {json}` line per rank: what it saw (its argv, the LAUNCH_* variables,
-where `train` was imported from, the data, which ignored files it can see).
+main.py prints one `RESULT {json}` line per rank: what it saw (its argv, the LAUNCH_* variables
+and the few others the environment tests give, where `train` was imported from, the data,
+which ignored files it can see, what setup found).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ MAIN = r'''
 import gc, json, os, signal, socket, subprocess, sys, time
 
 mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
+# What the tests give with --env, what launch's own environment holds without it, a login's.
+PASSED = ("PYTHONPATH", "JOB_TOKEN", "FROM_SHELL", "NOT_PASSED", "HOME", "PATH")
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 6
 pause = float(sys.argv[sys.argv.index("--pause") + 1]) if "--pause" in sys.argv else 0.0
 env = {k: v for k, v in os.environ.items()
-       if (k.startswith("LAUNCH_") or k == "PYTHONPATH") and k != "LAUNCH_RUN_STAMP"}
+       if (k.startswith("LAUNCH_") or k in PASSED) and k != "LAUNCH_RUN_STAMP"}
 attempt = int(os.environ["LAUNCH_ATTEMPT"])
 
 if mode == "flood":
@@ -38,6 +41,13 @@ if mode == "flood":
     sys.stdout.flush()
     print("flood done", flush=True)
     sys.exit(0)
+if mode == "shout":
+    # 30 lines on stdout, then an assert: the traceback goes to stderr, and torchrun tails a
+    # rank's stdout and stderr files with a thread each (the failure message once showed the
+    # 30 lines and not the AssertionError).
+    for i in range(30):
+        print(f"shout {i:02d} of attempt {os.environ['LAUNCH_ATTEMPT']}")
+    assert i == -1, f"the rank gave up after shouting, attempt {os.environ['LAUNCH_ATTEMPT']}"
 if mode == "binary":
     sys.stdout.buffer.write(b"bytes \xff\xfe not utf-8 \xc3\x28 end\n")
     sys.stdout.flush()
@@ -88,9 +98,14 @@ x = torch.linspace(-1, 1, 64).reshape(-1, 1)
 y = 3 * x + 1
 for step in range(start, steps):
     if mode == "raise" and rank == 1 and step == 2:
-        raise ValueError("user code failed on purpose at step 2")
+        try:
+            open("token.secret")    # .gitignore'd: not shipped
+        except FileNotFoundError as err:
+            raise ValueError("user code failed on purpose at step 2") from err
     if mode == "crash-once" and rank == 1 and step == 3 and attempt == 0:
-        raise SystemExit("rank 1 crashes once, at step 3")
+        for i in range(40):   # much said before the error: the error must still be shown
+            print(f"rank 1 is about to crash: line {i}")
+        assert attempt != 0, "rank 1 crashes once, at step 3"
     if mode == "hang" and rank == 1 and step == 2:
         def stuck_in_user_code():
             while True:
@@ -136,7 +151,9 @@ class TinyModel(torch.nn.Module):
         return self.linear(x)
 '''
 
-SETUP = "echo \"setup on $LAUNCH_NODE\" | tee setup-ran.txt"
+# Which python and pip setup finds first: the node's interpreter's (docs/jobs.md).
+SETUP = ('echo "setup on $LAUNCH_NODE python=$(command -v python) pip=$(command -v pip)" '
+         '| tee setup-ran.txt')
 
 
 def write_project(root: Path) -> Path:

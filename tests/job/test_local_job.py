@@ -4,13 +4,16 @@ setup, failures, restarts, resume, hangs and misbehaving jobs (tests/job/project
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from launcher.runs.logs import failure_excerpt
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.run.conftest import LaunchProcess, run_pids, wait_for
 
@@ -28,11 +31,20 @@ def summary_of(run: Path) -> dict:
 
 def test_script_with_its_package_data_args_and_setup(run_launch, project):
     """`launch run train... -- ARGS` from the project folder: the folder is shipped without
-    its ignored files, setup runs first, the user's own `train` and `launch_node` packages win
-    over launch's, arguments arrive verbatim, and every LAUNCH_* variable is there."""
+    its ignored files, and the run says so; setup runs first, with the node's interpreter
+    first on PATH; the user's own `train` and `launch_node` packages win over launch's,
+    arguments arrive verbatim, and every LAUNCH_* variable is there; the ranks get --env's
+    values and a login's variables, not the rest of launch's environment."""
     proc = run_launch("--debug", "run", "--local", "--nodes", "2", "main.py", "--setup", SETUP,
-                      "--run-id", "own", "--", *HOSTILE_ARGS, cwd=project, timeout=240)
+                      "--run-id", "own", "--env", "JOB_TOKEN=s3cr3t value", "--env",
+                      "FROM_SHELL", "--", *HOSTILE_ARGS, cwd=project, timeout=240,
+                      env={"FROM_SHELL": "from the shell", "NOT_PASSED": "launch's own"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # What the ignore rules kept here, said before anything runs (with the rule).
+    assert (f"launch: workdir {project}: the ignore rules left out 2 file(s) of 20 B and 1 "
+            "folder(s), not shipped: scratch.txt (12 B, .launchignore:1 `scratch.txt`), "
+            "token.secret (8 B, .gitignore:2 `*.secret`), outputs/ (.gitignore:1 `outputs/`). "
+            "To ship one, add `!NAME` to .launchignore") in proc.stderr
     seen = results(proc.stdout)
     assert sorted(seen) == [0, 1]
     for rank, got in seen.items():
@@ -42,8 +54,13 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
         assert got["data"] == ["cat", "dog", "bird"]
         # Only setup's output: the ignored files stayed on this side.
         assert got["sees"] == ["setup-ran.txt"]
+        python = Path(sys.executable)
         assert got["setup"].startswith("setup on node")
+        assert got["setup"].endswith(f" python={python} pip={python.parent / 'pip'}")
         env = got["env"]
+        assert env["JOB_TOKEN"] == "s3cr3t value" and env["FROM_SHELL"] == "from the shell"
+        assert "NOT_PASSED" not in env and env["HOME"] == os.environ["HOME"]
+        assert env["PATH"].split(":")[0] == str(python.parent)
         assert env["LAUNCH_RUN_ID"] == "own" and env["LAUNCH_ATTEMPT"] == "0"
         assert env["LAUNCH_NUM_NODES"] == "2" and env["LAUNCH_NODE_ADDRS"] == "127.0.0.1,127.0.0.1"
         assert env["LAUNCH_HEAD_ADDR"] == "127.0.0.1" and env["LAUNCH_GPUS_PER_NODE"] == "0"
@@ -64,6 +81,8 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
     assert "## Job" in report and "reaching step 4" in report and "images/s" not in report
     recipe = yaml.safe_load((run / "recipe.yml").read_text())
     assert recipe["job"] == {"script": "main.py", "args": HOSTILE_ARGS}
+    # --env's values are kept nowhere but where the ranks read them.
+    assert "s3cr3t" not in (run / "plan.json").read_text() + (run / "recipe.yml").read_text()
     assert not run_pids("own")
 
 
@@ -105,15 +124,71 @@ def test_a_rank_that_raises_is_blamed_with_its_own_traceback(run_launch, project
     assert "run raises failed: node node1 exited with code 1" in proc.stderr
     assert "ValueError: user code failed on purpose at step 2" in proc.stderr
     assert "main.py" in proc.stderr
+    # What it did not find was left out by the ignore rules: said, with the way to ship it.
+    assert ("token.secret was not shipped: the workdir scan left out token.secret (.gitignore:2 "
+            "`*.secret`); `!token.secret` in .launchignore ships it") in proc.stderr
+    # The report leads with the failure and says what to do.
+    report = (project / "runs" / "raises" / "report.md").read_text()
+    assert report.index("## Failure") < report.index("## Nodes")
+    assert "Node node1: node node1 exited with code 1." in report
+    assert "ValueError: user code failed on purpose at step 2" in report
+    assert "- nothing" not in report and "launch run --resume raises" in report
     summary = summary_of(project / "runs" / "raises")
     assert summary["failure"]["first_failed_node"] == "node1"
     assert not run_pids("raises")
 
 
+def test_the_exception_leads_the_failure_message_however_much_the_rank_printed(run_launch,
+                                                                               project):
+    """A rank prints 30 lines, then fails an assert; torchrun starts it again, 20 times in all
+    (no torch in it: each costs a Python start). torchrun tails a rank's stdout and stderr
+    apart, and the traceback came out before the 30 lines in 2 runs of 8
+    (tests/run/data/torchrun/SOURCES.md): the failure message then showed the 30 lines
+    without the AssertionError. Every attempt's lines must keep the order printed, on screen
+    and in the log, and the excerpt launch takes must lead with the exception, each time."""
+    proc = run_launch("run", "--local", "--nodes", "1", "main.py", "--run-id", "shout",
+                      "--max-restarts", "19", "--", "--mode", "shout", cwd=project,
+                      timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = "AssertionError: the rank gave up after shouting, attempt 19"
+    assert ("run shout failed: node node0: worker local_rank 0 " in proc.stderr
+            and "exited with code 1; the run had used its 19 restart(s)" in proc.stderr)
+    run = project / "runs" / "shout"
+    summary = summary_of(run)
+    excerpt = summary["failure"]["last_lines"]
+    assert excerpt[0] == "node0/0: Traceback (most recent call last):"
+    assert f"node0/0: {last}" in excerpt and f"  node0/0: {last}" in proc.stderr
+    log = (run / "node0" / "node.log").read_text().splitlines()
+    starts = [i for i, line in enumerate(log) if "launch: worker rank 0/1" in line]
+    assert len(starts) == 20
+    for attempt, (begin, end) in enumerate(zip(starts, [*starts[1:], len(log)])):
+        said = log[begin:end]
+        error = f"node0/0: AssertionError: the rank gave up after shouting, attempt {attempt}"
+        assert said.index(error) > said.index(f"node0/0: shout 29 of attempt {attempt}")
+        assert error in failure_excerpt(said), said
+        on_screen = proc.stdout.index(error)
+        assert proc.stdout.rindex(f"shout 29 of attempt {attempt}", 0, on_screen) > \
+            proc.stdout.rfind("launch: worker rank 0/1", 0, on_screen)
+        if attempt < 19:   # each restart said as it begins
+            assert (f"launch: restart {attempt + 1} of 19: node node0, worker local_rank 0 "
+                    in proc.stdout)
+    # torchrun's ChildFailedError report: in the log, not on screen.
+    assert "ChildFailedError" not in proc.stdout and any("ChildFailedError" in line
+                                                         for line in log)
+    # One account of the restarts, and the attempt the job saw last.
+    assert [r["restarted"] for r in summary["restarts"]] == [True] * 19 + [False]
+    assert summary["nodes"][0]["restarts"] == 19 and summary["attempt"] == 19
+    assert not run_pids("shout")
+
+
 def test_a_crash_then_resume_continues_from_the_checkpoint_dir(run_launch, project):
     proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "again",
                       "--", "--mode", "crash-once", cwd=project, timeout=240)
-    assert proc.returncode == 1 and "rank 1 crashes once" in proc.stderr
+    assert proc.returncode == 1
+    # The exception first, though the rank printed 40 lines just before it.
+    excerpt = proc.stderr.split("last lines of node node1")[1].splitlines()[1:]
+    assert excerpt[0] == "  node1/0: [rank1]: Traceback (most recent call last):"
+    assert "  node1/0: [rank1]: AssertionError: rank 1 crashes once, at step 3" in excerpt
     proc = run_launch("run", "--local", "--resume", "again", cwd=project, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
@@ -152,8 +227,21 @@ def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):
                       timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
+    # Said as it began, in one line; torchrun's ChildFailedError report in the logs only.
+    assert "launch: restart 1 of 1: node node1, worker local_rank 0 (pid " in proc.stdout
+    assert "ChildFailedError" not in proc.stdout
     summary = summary_of(project / "runs" / "restarts")
     assert len(summary["restarts"]) == 1 and summary["restarts"][0]["node"] == "node1"
+    assert [n["restarts"] for n in summary["nodes"]] == [0, 1] and summary["attempt"] == 1
+    # The script resumed from a checkpoint of its own: its step lines say so, and the report.
+    restart = summary["restarts"][0]
+    assert (restart["reached_step"], restart["next_step"]) == (3, 4)
+    assert ("its next LAUNCH_STEP was step 4 (it had reported step 3): it went on from a "
+            "checkpoint of its own") in (project / "runs" / "restarts" / "report.md").read_text()
+    # Only the head's rank 0's step lines on screen; every rank's in the logs.
+    assert "node1/0: LAUNCH_STEP" not in proc.stdout and "node0/0: LAUNCH_STEP" in proc.stdout
+    assert "node1/0: LAUNCH_STEP" in (project / "runs" / "restarts" / "node1" /
+                                      "node.log").read_text()
 
 
 def test_a_hung_rank_is_found_with_its_own_stack(run_launch, project):
@@ -202,13 +290,19 @@ def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch,
 
 def test_dry_run_shows_argv_env_manifest_and_setup(run_launch, project):
     proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--setup", SETUP,
-                      "--dry-run", "--", "--lr", "0.1", cwd=project)
+                      "--env", "JOB_TOKEN=s3cr3t", "--dry-run", "--", "--lr", "0.1",
+                      cwd=project, env={"NOT_PASSED": "launch's own"})
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "job: script main.py in " in out
     assert "workdir (shipped to every node" in out and f"$ {SETUP}" in out
     assert "launch_node/worker.py script main.py --lr 0.1" in out
     assert "LAUNCH_NODE_RANK=1" in out
+    # What each rank gets and where it comes from; --env's value masked.
+    assert "environment of every rank (docs/jobs.md#the-environment)" in out
+    assert f"    HOME={os.environ['HOME']}    # login" in out
+    assert "    JOB_TOKEN='<--env value, 6 characters>'    # --env" in out
+    assert "s3cr3t" not in out and "NOT_PASSED" not in out
     assert not (project / "runs").exists()
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,10 +39,12 @@ def own_run(slurm_lab, tmp_path_factory):
     project = write_project(tmp_path_factory.mktemp("own") / "project")
     proc = subprocess.run(
         launch_cmd("run", *slurm_args("--nodes", "2"), "main.py", "--setup", SETUP,
-                   "--run-id", "own", "--max-restarts", "1", "--", *HOSTILE_ARGS, *CRASH_ONCE),
+                   "--run-id", "own", "--max-restarts", "1", "--env", "JOB_TOKEN=s3cr3t value",
+                   "--env", "FROM_SHELL", "--", *HOSTILE_ARGS, *CRASH_ONCE),
         cwd=project, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
         env={**os.environ, **slurm_env(slurm_lab),
-             "LAUNCH_HOME": str(project.parent / "launch-home")})
+             "LAUNCH_HOME": str(project.parent / "launch-home"),
+             "FROM_SHELL": "from the shell", "NOT_PASSED": "launch's own"})
     return project, proc
 
 
@@ -59,11 +63,22 @@ def test_script_with_setup_and_args(slurm_lab, own_run):
                                                              for h in slurm_lab.hosts]
         # Staged once, beside the runs, where every node reads it.
         assert got["cwd"].startswith(str(project / "runs" / ".workdirs"))
+        # The environment rule (docs/jobs.md#the-environment): --env reaches every rank,
+        # nothing else of launch's environment does (sbatch exports all of it to the job).
+        assert got["env"]["JOB_TOKEN"] == "s3cr3t value"
+        assert got["env"]["FROM_SHELL"] == "from the shell" and "NOT_PASSED" not in got["env"]
+        assert got["env"]["HOME"] == os.environ["HOME"]
     assert {got["env"]["LAUNCH_NODE"] for got in seen.values()} == set(names)
     assert {got["env"]["LAUNCH_NODE_RANK"] for got in seen.values()} == {"0", "1"}
     run = project / "runs" / "own"
     logs = [(run / name / "setup.log").read_text() for name in names]
     assert sum("launch: setup done" in log for log in logs) == 1
+    # Setup found the node's interpreter first.
+    python = Path(sys.executable)
+    assert any(f"python={python} pip={python.parent / 'pip'}" in log for log in logs)
+    # The batch job holds --env's value (the ranks read it there); plan.json masks it.
+    assert "'JOB_TOKEN=s3cr3t value'" in (run / "job.sbatch").read_text()
+    assert "s3cr3t" not in (run / "plan.json").read_text()
     assert json.loads((run / "summary.json").read_text())["progress"]["step"] == 4
     assert job_processes(slurm_lab) == {}
 
@@ -87,7 +102,8 @@ def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch,
     assert "resumed from step 3 in attempt 1" in proc.stdout
     run = project / "runs" / "again"
     assert (run / "attempts" / "1" / "job.sbatch").is_file()
-    assert json.loads((run / "summary.json").read_text())["attempt"] == 2
+    # The LAUNCH_ATTEMPT the ranks saw ("in attempt 1" above).
+    assert json.loads((run / "summary.json").read_text())["attempt"] == 1
     assert job_processes(slurm_lab) == {}
 
 

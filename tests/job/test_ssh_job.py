@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,7 +32,8 @@ def same_id_runs(module_lab, tmp_path_factory):
     the third (one run fewer than a run of its own: ~15 s of CPU on the lab).
     ({"crashed", "resumed", "fresh": CompletedProcess}, the project, what was left running)."""
     lab, project = module_lab, write_project(tmp_path_factory.mktemp("job") / "project")
-    env = {**os.environ, "LAUNCH_HOME": str(project.parent / "launch-home")}
+    env = {**os.environ, "LAUNCH_HOME": str(project.parent / "launch-home"),
+           "FROM_SHELL": "from the shell", "NOT_PASSED": "launch's own"}
     inventory = str(lab.inventory)
 
     def launch(*args: str) -> subprocess.CompletedProcess:
@@ -42,18 +44,29 @@ def same_id_runs(module_lab, tmp_path_factory):
                               "again", "--", "--mode", "crash-once")}
     runs["resumed"] = launch("run", "-i", inventory, "--resume", "again")
     runs["fresh"] = launch("run", "-i", inventory, "--nodes", "2", "main.py", "--setup", SETUP,
-                           "--run-id", "again", "--runs-dir", "other-runs", "--",
+                           "--run-id", "again", "--runs-dir", "other-runs", "--env",
+                           "JOB_TOKEN=s3cr3t value", "--env", "FROM_SHELL", "--",
                            *HOSTILE_ARGS)
     return runs, project, only_sshd_left(lab)
 
 
 def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs):
+    """The project shipped without its ignored files (said at the start), setup with the
+    node's interpreter first on PATH (~/.bashrc's pyenv shims came first once), --env's values
+    on every rank and nothing else of launch's environment."""
     runs, project, left = same_id_runs
     proc = runs["fresh"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("the ignore rules left out 2 file(s) of 20 B and 1 folder(s), not shipped: "
+            "scratch.txt (12 B") in proc.stderr
     seen = results(proc.stdout)
     assert sorted(seen) == [0, 1]
+    python = lab.python
     for got in seen.values():
+        assert got["setup"].endswith(f" python={python} pip={Path(python).parent / 'pip'}")
+        assert got["env"]["LAUNCH_PYTHON"] == python
+        assert got["env"]["JOB_TOKEN"] == "s3cr3t value"
+        assert got["env"]["FROM_SHELL"] == "from the shell" and "NOT_PASSED" not in got["env"]
         assert got["argv"] == HOSTILE_ARGS
         assert got["package"] == "the user's own train package"
         assert got["node_package"] == "the user's own launch_node package"
@@ -76,7 +89,11 @@ def test_a_crash_then_resume_on_the_same_hosts(lab, same_id_runs):
     runs, _, left = same_id_runs
     proc = runs["crashed"]
     assert proc.returncode == 1
-    assert "rank 1 crashes once" in proc.stderr
+    # The exception first, though the rank printed 40 lines just before it.
+    excerpt = proc.stderr.split(f"last lines of node {lab.hosts[1].name}")[1].splitlines()[1:]
+    assert excerpt[0] == f"  {lab.hosts[1].name}/0: [rank1]: Traceback (most recent call last):"
+    assert (f"  {lab.hosts[1].name}/0: [rank1]: AssertionError: rank 1 crashes once, at step 3"
+            in excerpt)
     proc = runs["resumed"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout

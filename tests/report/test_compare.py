@@ -80,3 +80,36 @@ def test_two_demo_runs_with_different_comm_hooks_side_by_side(run_launch, tmp_pa
     assert "698.8 (1.00x)" in bars and "670.2 (0.96x)" in bars
     assert "demo-fp16" in shown.text("plot-loss")
     assert "<td>ddp.comm_hook</td><td>none</td><td>fp16</td>" in shown.dom
+
+
+def test_two_runs_of_one_script_differ_in_one_argument_and_the_node_count(tmp_path):
+    """Two runs of `launch run main.py --nodes N -- ARGS`, the second made from the folder
+    above with --workdir project: the difference is one argument and the nodes, said as such
+    (the whole argument lists once stood side by side, `.` against `project` as a
+    difference, the command line's node count as `-`) and both runs' step lines are plotted
+    (tests/report/data/runs/job-steps, kept)."""
+    import shutil
+
+    from launcher.report.compare import load_comparison, render_text
+    from launcher.report.compare_html import _curves
+
+    first, second = tmp_path / "runs" / "steps-a", tmp_path / "runs" / "steps-b"
+    for run in (first, second):
+        shutil.copytree(DATA / "job-steps", run)
+    recipe = (second / "recipe.yml").read_text()
+    (second / "recipe.yml").write_text(recipe.replace("'300'", "'400'").replace(
+        "workdir: .", "workdir: project"))
+    plan = json.loads((second / "plan.json").read_text())
+    base = plan["recipe"]["base_dir"]
+    plan["recipe"]["base_dir"] = str(Path(base).parent)
+    plan["nodes"] = plan["nodes"] * 2
+    plan["nnodes"] = 4
+    (second / "plan.json").write_text(json.dumps(plan))
+    comparison = load_comparison([first, second])
+    assert comparison.recipe_differences == {"job.args": [
+        ["--mode", "crash-once", "--steps", "300"], ["--mode", "crash-once", "--steps", "400"]],
+        "nodes": [2, 4]}
+    text = render_text(comparison)
+    assert "job.args    … --steps 300  … --steps 400" in text
+    assert "nodes       2              4" in text
+    assert _curves(comparison) is not None

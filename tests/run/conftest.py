@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -41,21 +42,27 @@ def run_pids(run_id: str, *, this_worker: bool = True) -> list[int]:
     """Every process of a run: each one inherits LAUNCH_RUN_ID from its node agent. (Written
     apart from launcher/execute/local.py's sweep on purpose: a bug in the cleanup must not be
     able to hide itself from the test that checks it.) Only this test process's runs: a test
-    in another pytest-xdist worker may use the same run id at the same time, and its processes
-    carry that worker's name (`this_worker=False` for processes started through a lab's sshd,
-    which does not pass it on)."""
-    needles = {f"LAUNCH_RUN_ID={run_id}".encode()}
-    if this_worker and os.environ.get("PYTEST_XDIST_WORKER"):
-        needles.add(f"PYTEST_XDIST_WORKER={os.environ['PYTEST_XDIST_WORKER']}".encode())
+    in another pytest-xdist worker may use the same run id at the same time. A rank gets
+    nothing of launch's environment but a login's variables (docs/jobs.md), so a worker's
+    runs are told apart by where they run: a process whose folder lies in another worker's
+    temporary folder (.../popen-gwN/) is that worker's (`this_worker=False`: every process,
+    for processes started through a lab's sshd, whose folders are the lab's)."""
+    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+    mine = os.environ.get("PYTEST_XDIST_WORKER")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needles <= set((entry / "environ").read_bytes().split(b"\0")):
-                found.append(int(entry.name))
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            where = os.readlink(entry / "cwd")
         except OSError:
             continue
+        worker = re.search(r"/popen-(gw\d+)/", where + "/")
+        if this_worker and mine and worker and worker.group(1) != mine:
+            continue
+        found.append(int(entry.name))
     return found
 
 

@@ -87,7 +87,8 @@ def test_killed_worker_stops_every_node_and_leaves_nothing(background_launch, tm
     # node1 is where it began; node0's rank saw its peer vanish and may have failed too
     # before launch stopped it, but it is never the one blamed.
     assert statuses["node1"] == "failed" and statuses["node0"] in ("stopped", "failed")
-    assert "run kill failed: node node1" in out
+    assert "run kill failed: node node1: its worker local_rank 0 (pid " in out
+    assert "was killed by SIGKILL (torchrun exited with code 1)" in out
     assert run_pids("kill") == []
     # Logs of the failed run are kept.
     assert "node1/0: rank" in (tmp_path / "runs/kill/node1/node.log").read_text()

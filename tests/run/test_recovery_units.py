@@ -116,8 +116,28 @@ def test_one_failure_seen_on_two_nodes_is_one_restart_blamed_where_it_began():
         "node": "node1", "kind": "worker",
         "reason": "worker local_rank 0 (pid 15721) was killed by SIGKILL", "at_time_s": 10.0,
         "resumed_from_step": 100, "steps_lost": 3, "recovered_in_s": 8.5,
-        "checkpoint_load_s": 0.41}]
+        "checkpoint_load_s": 0.41, "reached_step": None, "next_step": None,
+        "restarted": True}]
     assert book.exhausted() is None
+
+
+def test_a_user_job_s_step_lines_say_where_it_went_on_after_a_restart():
+    """A job of the user's own prints no "resumed from checkpoint" of the trainer's: its
+    LAUNCH_STEP lines before and after the restart say where it went on (the report said "not
+    resumed" of a script that had resumed from its own checkpoint)."""
+    book = RestartBook(budget=1)
+    book.line("node0", "0", "LAUNCH_STEP step=3 loss=0.5", 1.0)
+    book.line("node1", "agent", PEER, 2.0)
+    book.line("node1", "0", "LAUNCH_STEP step=3 loss=0.5", 2.1)        # before re-forming
+    book.line("node0", "0", "launch: worker rank 0/2 (local rank 0, pid 5) attempt 1 on vm", 3.0)
+    book.line("node0", "0", "LAUNCH_STEP step=4 loss=0.4", 4.0)
+    book.line("node0", "0", "LAUNCH_STEP step=5 loss=0.3", 5.0)
+    [incident] = book.to_json()
+    assert (incident["reached_step"], incident["next_step"]) == (3, 4)
+    assert incident["restarted"] is True
+    # One more failure is beyond the budget: recorded, not a restart.
+    book.line("node1", "agent", PEER, 6.0)
+    assert [i["restarted"] for i in book.to_json()] == [True, False]
 
 
 def test_a_failure_after_the_rendezvous_re_formed_is_a_new_restart_and_beyond_the_budget_stops():
@@ -128,8 +148,8 @@ def test_a_failure_after_the_rendezvous_re_formed_is_a_new_restart_and_beyond_th
     assert book.used == 2
     node, reason = book.exhausted()
     assert node == "node1"
-    assert reason == ("worker local_rank 0 (pid 15721) was killed by SIGKILL; the run had used "
-                      "its 1 restart(s)")
+    assert reason == ("node node1: worker local_rank 0 (pid 15721) was killed by SIGKILL; the run "
+                      "had used its 1 restart(s)")
 
 
 def test_without_restarts_worker_lines_change_nothing():

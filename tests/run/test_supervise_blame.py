@@ -62,6 +62,9 @@ def test_the_killed_node_is_blamed_though_its_last_line_comes_after_its_exit(tmp
     assert outcome.status == "failed"
     assert outcome.first_failure == "host1", outcome.reason
     assert KILLED_LINE.strip() in (tmp_path / "host1.log").read_text()
+    # Said as what happened: torchrun's own exit code 1 said nothing of the SIGKILL.
+    assert outcome.reason == ("node host1: its worker (pid 32638) was killed by SIGKILL "
+                              "(torchrun exited with code 1)")
 
 
 def test_output_that_never_ends_does_not_hold_up_the_verdict(tmp_path):
@@ -72,3 +75,15 @@ def test_output_that_never_ends_does_not_hold_up_the_verdict(tmp_path):
     assert outcome.status == "failed" and outcome.first_failure == "host0"
     # The verdict came while the child still held the output: launch did not wait for it.
     assert alive == ["host1"]
+
+
+def test_a_worker_killed_earlier_and_restarted_is_not_the_run_s_end():
+    from launcher.execute.supervisor import worker_death
+
+    killed = ("E1202 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+              "local_rank: 0 (pid: 12) of binary: /usr/bin/python")
+    raised = killed.replace("-9", "1").replace("12", "13")
+    assert worker_death([killed, "  exitcode  : -9 (pid: 12)  (SIGKILL)"]) == \
+        "its worker local_rank 0 (pid 12) was killed by SIGKILL"
+    # Killed, restarted, then the new worker raised: its plain exit ended the run.
+    assert worker_death([killed, raised, "  exitcode  : 1 (pid: 13) "]) is None

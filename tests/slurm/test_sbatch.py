@@ -356,3 +356,33 @@ def test_run_on_all_gives_srun_only_the_sbatch_arguments_srun_takes():
     assert "--constraint=a100" in argv and "--qos=high" in argv
     assert not any(a.startswith("--mail-type") for a in argv)
     assert argv[-1] == "nvidia-smi"
+
+
+def test_env_values_are_masked_where_shown_and_the_steps_keep_only_a_logins_variables(
+        tmp_path):
+    """`--env` values: in what the pipeline in the job starts, masked in what --dry-run prints;
+    a job step starts from the login variables of the step's environment (env -i), Slurm's own
+    and the names --export gave."""
+    from launcher.backends.slurm.steps import kept_names, step_argv
+    from launcher.job.request import RunRequest
+    from launcher.job.runplan import NodeCommand
+
+    recipe = recipe_from_mapping(GOLDEN_RECIPE, "/shared/home/ada/golden.yml")
+    recipe = recipe.model_copy(update={"env": {**recipe.env, "WANDB_API_KEY": "k3y"},
+                                       "command_line_env": ("WANDB_API_KEY",)})
+    backend = SlurmBackend({}, cwd="/shared/home/ada")
+    job = backend.plan(RunRequest(recipe, "golden-1", 2), backend.nodes(2))
+    assert "k3y" not in job.render() and "k3y" not in json.dumps(job.to_json())
+    assert "WANDB_API_KEY='<--env value, 3 characters>'" in job.render()
+    assert job.plan.nodes[0].env["WANDB_API_KEY"] == "k3y"
+    keep = kept_names(["--export=ALL,MODULE_HOME=/opt/m"])
+    command = NodeCommand(name="n1", address="a", private_address="a", is_head=False, gpus=0,
+                          argv=("sh", "-c", "env | sort"), env={"OWN": "1"},
+                          run_dir=str(tmp_path / "n1"), cwd=str(tmp_path))
+    out = subprocess.run(step_argv(command, "st", keep=keep), capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "HOME": "/h", "MODULE_HOME": "/opt/m",
+                              "SLURM_NODEID": "1", "LEAK": "x", "LC_ALL": "C"})
+    names = {line.split("=", 1)[0] for line in out.stdout.splitlines()}
+    assert {"PATH", "HOME", "MODULE_HOME", "SLURM_NODEID", "LC_ALL", "OWN",
+            "LAUNCH_RUN_STAMP"} <= names
+    assert "LEAK" not in names

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.execute.prepare import path_with
+from launcher.job.environment import path_with
 from launcher.job.runplan import NodeCommand
 from launcher.runs.folder import STAMP_ENV
 from launcher.runs.leftovers import pids_with_env
@@ -39,12 +39,14 @@ def die_with_launch(argv: list[str]) -> list[str]:
 
 def process_env(command: NodeCommand, stamp: str) -> dict[str, str]:
     """The environment of a process launch starts for `command` on this machine (its folders
-    made first): launch's own, the command's, the run's stamp, and the node's interpreter's
-    folder first on PATH."""
+    made first): the command's, the run's stamp, and the node's interpreter's folder first on
+    PATH."""
     Path(command.run_dir).mkdir(parents=True, exist_ok=True)
     if command.env.get("LAUNCH_CHECKPOINT_DIR"):
         Path(command.env["LAUNCH_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **command.env, STAMP_ENV: stamp}
+    # The plan's env is all of it: the login's variables of launch's environment are in it
+    # (launcher/job/environment.py), nothing else of launch's shell.
+    env = {**command.env, STAMP_ENV: stamp}
     if command.env.get("LAUNCH_PYTHON"):
         env["PATH"] = path_with(command.env["LAUNCH_PYTHON"], env.get("PATH"))
     return env

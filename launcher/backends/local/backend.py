@@ -20,6 +20,7 @@ from launcher.core.errors import LauncherError
 from launcher.core.node_code import code_root
 from launcher.execute.backend import (YES, Capabilities, GroupResult, NodeResult, no)
 from launcher.job.request import RunRequest
+from launcher.job.environment import login_env
 from launcher.job.plans import plan_request
 from launcher.job.recipe import check_recipe_for_hardware
 from launcher.job.runplan import NodeCommand, Placement, RunPlan
@@ -65,11 +66,15 @@ class LocalBackend:
     capabilities = CAPABILITIES
 
     def __init__(self, *, gpus_total: int | None = None, cpus_total: int | None = None,
-                 port: int | None = None, cwd: str | None = None):
+                 port: int | None = None, cwd: str | None = None,
+                 environ: dict[str, str] | None = None):
         # Facts of this machine, looked up on first use (torch's import costs a second):
         # given explicitly, planning is pure and repeatable (the tests do that).
         self._gpus_total, self._cpus_total, self._port = gpus_total, cpus_total, port
         self.cwd = cwd or os.getcwd()
+        # launch's environment, of which the ranks get what a login would set
+        # (launcher/job/environment.py): they share this machine, not launch's shell.
+        self.environ = dict(os.environ) if environ is None else environ
 
     def to_json(self) -> dict[str, Any]:
         return {"cwd": self.cwd}
@@ -140,6 +145,7 @@ class LocalBackend:
                 cpus=max(1, self.cpus_total // len(nodes)),
                 visible_gpus=tuple(range(i * per_node, (i + 1) * per_node)) if per_node
                 else None, workdir=shipped, checkpoint_dir=str(root / CHECKPOINTS),
+                login_env=login_env(self.environ),
             )
             for i, n in enumerate(nodes)
         }

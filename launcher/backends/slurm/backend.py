@@ -354,8 +354,10 @@ class SlurmSession:
 
     def __init__(self, backend: SlurmBackend, nodes: list[Node], shipped: str | None):
         self.backend, self.nodes, self.shipped = backend, nodes, shipped
+        self.recipe = None
 
     def plan(self, request: RunRequest, uid: str, attempt: int) -> RunPlan:
+        self.recipe = request.recipe
         return self.backend.run_plan(request, self.nodes, uid=uid, attempt=attempt,
                                      shipped_to=self.shipped)
 
@@ -373,8 +375,11 @@ class SlurmSession:
     def process(self, command: NodeCommand, stamp: str, label: str | None = None):
         from launcher.backends.slurm.steps import StepProcess
 
+        from launcher.backends.slurm.steps import kept_names
+
         return StepProcess(command, stamp, label,
-                           cpus=self.backend.facts.get(command.name, {}).get("cpus"))
+                           cpus=self.backend.facts.get(command.name, {}).get("cpus"),
+                           keep=kept_names(self.backend.settings(self.recipe).sbatch_args))
 
     def run(self, command: NodeCommand, stamp: str, label: str, line) -> int | None:
         return self.process(command, stamp, label).run_to_end(line)

@@ -26,15 +26,40 @@ from launcher.job.runplan import NodeCommand
 from launcher.runs.folder import STAMP_ENV
 
 # In the step, before the command: its folders made, the node's interpreter's folder first on
-# PATH (its pip, torchrun), then the command in its working folder. $1 run dir, $2 cwd,
-# $3 interpreter folder, $4 checkpoint folder or "".
+# PATH (its pip, torchrun), then the command in its working folder, with only the variables
+# of the step's environment a login would have (launcher/job/environment.py: the rule for every
+# backend), Slurm's own and the devices it gave the step, and what --export named: the step
+# inherits the batch job's whole environment, launch's shell's. $1 run dir, $2 cwd,
+# $3 interpreter folder, $4 checkpoint folder or "", $5 the names kept (an extended regex).
 STEP_SCRIPT = """mkdir -p "$1" || exit 97
 [ -z "$4" ] || mkdir -p "$4" || exit 97
 cd "$2" || exit 97
 if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
-shift 4
-exec "$@"
+keep=$5
+login=()
+for name in $(compgen -e); do
+  if [[ $name =~ $keep ]]; then login+=("$name=${!name}"); fi
+done
+shift 5
+exec env -i ${login[@]+"${login[@]}"} "$@"
 """
+SLURM_KEPT = ("SLURM.*", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
+              "ZE_AFFINITY_MASK")
+
+
+def kept_names(sbatch_args: tuple[str, ...] | list[str] = ()) -> str:
+    """STEP_SCRIPT's regex: a login's variables, Slurm's and its devices', and the NAMEs of
+    --export=ALL,NAME=VALUE,... in the job's sbatch arguments."""
+    from launcher.job.environment import LOGIN_NAMES, LOGIN_PREFIXES
+
+    exported = []
+    for arg in sbatch_args:
+        if arg.startswith("--export="):
+            exported += [t.split("=", 1)[0] for t in arg[len("--export="):].split(",")
+                         if t and t.upper() != "ALL"]
+    names = [*LOGIN_NAMES, *(f"{p}.*" for p in LOGIN_PREFIXES), *SLURM_KEPT,
+             *(re.escape(n) for n in dict.fromkeys(exported))]
+    return "^(" + "|".join(names) + ")$"
 
 
 SIGNALLED_STEP = re.compile(r"^(slurmstepd(-\S+)?: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT|"
@@ -61,14 +86,15 @@ def srun_step(node: str, name: str, cpus: int | None = None) -> list[str]:
     return argv
 
 
-def step_argv(command: NodeCommand, stamp: str, attempt_offset: int = 0) -> list[str]:
+def step_argv(command: NodeCommand, stamp: str, attempt_offset: int = 0,
+              keep: str | None = None) -> list[str]:
     env = {**command.env, STAMP_ENV: stamp}
     if attempt_offset:
         env["LAUNCH_ATTEMPT"] = str(int(env.get("LAUNCH_ATTEMPT", "0")) + attempt_offset)
     return ["bash", "-c", STEP_SCRIPT, "launch-step", command.run_dir,
             command.cwd or command.run_dir, os.path.dirname(env.get("LAUNCH_PYTHON", "")),
-            env.get("LAUNCH_CHECKPOINT_DIR", ""), "env", *(f"{k}={v}" for k, v in env.items()),
-            *command.argv]
+            env.get("LAUNCH_CHECKPOINT_DIR", ""), keep or kept_names(),
+            *(f"{k}={v}" for k, v in env.items()), *command.argv]
 
 
 def step_ids(name: str) -> list[str]:
@@ -145,9 +171,9 @@ class StepProcess:
     _lock = threading.Lock()
 
     def __init__(self, command: NodeCommand, stamp: str, label: str | None = None,
-                 cpus: int | None = None):
+                 cpus: int | None = None, keep: str | None = None):
         self.name, self.command, self.stamp, self.label = command.name, command, stamp, label
-        self.cpus = cpus
+        self.cpus, self.keep = cpus, keep
         self.proc: subprocess.Popen | None = None
         self.step_name = ""
         self.signalled = False
@@ -167,7 +193,7 @@ class StepProcess:
         self.signalled = False
         self.proc = subprocess.Popen(
             [*srun_step(self.name, self.step_name, self.cpus),
-             *step_argv(self.command, self.stamp, self.attempt_offset)],
+             *step_argv(self.command, self.stamp, self.attempt_offset, self.keep)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, errors="replace", bufsize=1, start_new_session=True)
 

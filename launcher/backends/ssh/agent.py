@@ -37,8 +37,15 @@ PGID_FILE = "launch.pgid"
 # (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
 # log threads) instead of leaving the node training unsupervised. When the agent ends first,
 # the watchdog finds it gone and leaves at once.
+# SSH_CLIENT and SSH2_CLIENT go: bash reads ~/.bashrc when it finds them and thinks itself
+# the shell sshd started, and every `bash -c` below (each setup line, a command job's shell)
+# then did, putting ~/.bashrc's PATH (pyenv's shims, seen) before the node's interpreter's
+# folder: `pip install` in setup installed into another Python. The login shell that ran this
+# line has read it already; what it exported is here.
+# stderr joins stdout: one SSH channel, the node's lines in the order printed.
 START_SCRIPT = """cd "$1" || exit 97
 echo $$ > "$2"
+unset SSH_CLIENT SSH2_CLIENT
 if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
 if [ -n "$4" ]; then mkdir -p "$4" || exit 97; fi
 shift 4
@@ -51,7 +58,7 @@ exec 3<&0
   sleep 3
   kill -s KILL -- -$$ 2>/dev/null
 ) <&3 >/dev/null 2>&1 &
-exec "$@" </dev/null 3<&-
+exec "$@" </dev/null 2>&1 3<&-
 """
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
 
