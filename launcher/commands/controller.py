@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     from launcher.core import safefile
     from launcher.core.errors import LauncherError, RunFailed
     from launcher.job.request import RunRequest
-    from launcher.pipeline.handover import CONTROLLER, HANDOVER
+    from launcher.pipeline.handover import CONTROLLER, HANDOVER, HANDOVER_MODE
     from launcher.pipeline.run import run_here
     from launcher.runs.console import CONSOLE, ConsoleWriter, StreamDisplay, StreamText
     from launcher.runs.folder import RunFolder
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         run_id = doc["request"]["run_id"]
         folder = RunFolder.for_launch(runs, run_id, resume=bool(doc["request"].get("resume")),
                                       uid=doc["uid"])
-        safefile.write_json(folder.root / HANDOVER, doc, within=folder.runs)
+        safefile.write_json(folder.root / HANDOVER, doc, within=folder.runs, mode=HANDOVER_MODE)
         incoming.unlink()
     else:
         root = Path(argv[0]).resolve()

@@ -255,8 +255,9 @@ class Recovery:
     def _announce(self, incident: Incident, number: int) -> None:
         """One line per restart, as it begins. torchrun restarts a node's workers by itself
         (a `worker` incident): nothing else says so; the supervisor says it for the restarts
-        it makes (an agent, every node, after a hang)."""
-        if incident.kind == "worker" and self.notify is not None:
+        it makes (an agent, every node, after a hang). A command's own torchrun restarts
+        nothing (launch restarts the command on every node, and says so)."""
+        if incident.kind == "worker" and self.notify is not None and not self.restart_together:
             self.notify(f"restart {number} of {self.book.budget}: node {incident.node}, "
                         f"{incident.reason}; torchrun starts the node's workers again, the "
                         "rendezvous re-forms")

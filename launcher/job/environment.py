@@ -39,6 +39,16 @@ FROM_RECIPE = "recipe env"
 FROM_FLAG = "--env"
 
 
+# What launch's own services (the checkpoint mirror) take from launch's environment where they
+# run beside it: the cloud SDK's settings and credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID,
+# AWS_ENDPOINT_URL, ...), as launch itself uses them. Not the user's ranks, not over SSH.
+SERVICE_PREFIXES = ("AWS_",)
+
+
+def service_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith(SERVICE_PREFIXES)}
+
+
 def is_login_name(name: str) -> bool:
     return name in LOGIN_NAMES or name.startswith(LOGIN_PREFIXES)
 

@@ -93,7 +93,8 @@ def with_mirror(plan: Any, recipe: Any, placements: dict[str, Any], uid: str) ->
                            argv=(place.python, posixpath.join(place.code_dir, "launch_node",
                                                               "mirror.py"), *argv),
                            env={**base, "LAUNCH_NODE": name}, run_dir=node.run_dir,
-                           cwd=node.cwd, instance_type=node.instance_type, **where)
+                           cwd=node.cwd, instance_type=node.instance_type, service=True,
+                           **where)
 
     watch = command(head.name, ["watch", folders[head.name], dest, "--layout", layout,
                                 "--status", posixpath.join(head.run_dir, STATUS_FILE)])

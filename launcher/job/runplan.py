@@ -62,6 +62,10 @@ class NodeCommand:
     # FROM_*), and the names given with --env, whose values are shown and kept masked.
     env_from: dict[str, str] = field(default_factory=dict)
     masked: frozenset[str] = frozenset()
+    # Launch's own process (the checkpoint mirror), not the user's job: beside launch (--local,
+    # a Slurm job's steps) it also takes launch's cloud settings (environment.py
+    # SERVICE_PREFIXES), as launch itself would reach the bucket; never sent over SSH.
+    service: bool = False
 
     def shown_env(self) -> dict[str, str]:
         """`env` as printed and kept (plan.json): --env values masked."""
@@ -79,7 +83,7 @@ class NodeCommand:
             "gpus": self.gpus, "argv": list(self.argv), "env": self.shown_env(),
             "env_from": dict(self.env_from),
             "run_dir": self.run_dir, "cwd": self.cwd, "instance_type": self.instance_type,
-            "probe": list(self.probe),
+            "probe": list(self.probe), **({"service": True} if self.service else {}),
         }
 
 

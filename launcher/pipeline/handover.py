@@ -31,6 +31,7 @@ from launcher.report.display import make_display
 from launcher.runs.console import CONSOLE, EventReader, replay
 
 HANDOVER = "handover.json"       # in the run folder: what the controller runs (request, backend)
+HANDOVER_MODE = 0o600            # it holds --env's values, which plan.json masks
 DETACHED = "detached.json"       # in this machine's runs/<id>/: where the run lives
 CONTROLLER = "controller.json"   # in the run folder: the controller's pid, host, end
 CONTROLLER_LOG = "controller.log"
@@ -53,13 +54,19 @@ def handover_doc(backend, request: RunRequest, uid: str, runs_dir: str,
 
 def hand_over(backend, request: RunRequest) -> dict[str, Any]:
     """The run started where it lives; its handle (kept in runs/<id>/detached.json)."""
+    # The runs folder the handle is kept in, made before the run starts (a project's first
+    # run may live on the cluster): a run must not start with nowhere here to find it again.
+    runs = Path(request.runs_dir).resolve()
+    if runs.exists() and not runs.is_dir():
+        raise LauncherError(f"--runs-dir {runs} is a file, not a folder")
+    runs.mkdir(parents=True, exist_ok=True)
     nodes = backend.nodes(request.count)
     handle = backend.hand_over(request, nodes)
     handle = {"run_id": request.run_id, "backend": backend.name,
               "settings": backend.to_json(), **handle}
-    local = Path(request.runs_dir).resolve() / request.run_id
-    safefile.make_dirs(local, within=local.parent)
-    safefile.write_json(local / DETACHED, handle, within=local.parent)
+    local = runs / request.run_id      # the run folder itself where the runs folder is shared
+    safefile.make_dirs(local, within=runs)
+    safefile.write_json(local / DETACHED, handle, within=runs)
     if request.detach:
         say(f"run {request.run_id} detached: its pipeline runs on {handle['where']}")
         say(f"follow it: launch attach {request.run_id}; its logs: launch logs "

@@ -256,8 +256,8 @@ class RunFolder:
     def node_log(self, node: str) -> Path:
         return self.node_dir(node) / "node.log"
 
-    def write_json(self, name: str, data: Any) -> Path:
-        return safefile.write_json(self.root / name, data, within=self.runs)
+    def write_json(self, name: str, data: Any, mode: int = 0o644) -> Path:
+        return safefile.write_json(self.root / name, data, within=self.runs, mode=mode)
 
     def read(self, model, name: str, max_bytes: int = MAX_RECORD):
         """A file of the run folder as its schema (launcher/runs/schema.py)."""

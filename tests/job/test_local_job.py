@@ -279,6 +279,7 @@ def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The whole command started again on every node, with the next attempt.
     assert "restarting every node" in proc.stdout
+    assert "torchrun starts the node's workers again" not in proc.stdout
     assert "resumed from step 3 in attempt 1" in proc.stdout
     plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
     # Launch's worker entry holds the shipped copy, then becomes the command: no torchrun.

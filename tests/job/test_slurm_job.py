@@ -76,9 +76,12 @@ def test_script_with_setup_and_args(slurm_lab, own_run):
     # Setup found the node's interpreter first.
     python = Path(sys.executable)
     assert any(f"python={python} pip={python.parent / 'pip'}" in log for log in logs)
-    # The batch job holds --env's value (the ranks read it there); plan.json masks it.
-    assert "'JOB_TOKEN=s3cr3t value'" in (run / "job.sbatch").read_text()
+    # The job's handover holds --env's value, for the user alone (the pipeline in the job
+    # reads it there); plan.json and the batch script do not.
+    handover = run / "handover.json"
+    assert "s3cr3t value" in handover.read_text() and handover.stat().st_mode & 0o077 == 0
     assert "s3cr3t" not in (run / "plan.json").read_text()
+    assert "s3cr3t" not in (run / "job.sbatch").read_text()
     assert json.loads((run / "summary.json").read_text())["progress"]["step"] == 4
     assert job_processes(slurm_lab) == {}
 
@@ -115,7 +118,9 @@ def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_
     proc = run_launch("run", *slurm_args(), str(recipe), "--run-id", "cmd", cwd=project,
                       env=slurm_env(slurm_lab), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "restarting every node (node " in proc.stdout
+    assert "exited with code 1; restarting every node" in proc.stdout
+    # The command's own torchrun, which restarts nothing, is not said to.
+    assert "torchrun starts the node's workers again" not in proc.stdout
     assert "resumed from step 3 in attempt 1" in proc.stdout
     # No torchrun of launch's and no rendezvous store: the command brought its own.
     plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())

@@ -52,11 +52,12 @@ ROOT_PACKAGES = ["python3", "python3-apt", "python3-venv", "python3-packaging", 
                  "sudo", "gnupg", "ca-certificates"]
 PYTHON_ENV_DEFAULTS = REPO / "launcher/playbooks/roles/python_env/defaults/main.yml"
 # The node's torch: the CPU build of the version the controller uses, and what train/ needs at
-# the role's pins for the node's Python (bookworm: 3.11), and launch's tools (py-spy).
+# the role's pins for the node's Python (bookworm: 3.11), launch's tools (py-spy) and what a
+# detached run's controller imports.
 TORCH_VERSION = "2.13.0+cpu"
 _PYTHON_ENV = yaml.safe_load(PYTHON_ENV_DEFAULTS.read_text())
 NODE_PINS = [*_PYTHON_ENV["python_env_packages_by_python"]["3.11"],
-             *_PYTHON_ENV["python_env_tools"]]
+             *_PYTHON_ENV["python_env_tools"], *_PYTHON_ENV["python_env_controller_packages"]]
 WHEELS = [f"torch=={TORCH_VERSION}", *NODE_PINS]
 # Two versions of each stand-in package: the first is the test's pin, the second the pin change.
 NCCL_VERSIONS = ["2.28.9-1+cuda13.0", "2.29.7-1+cuda13.0"]

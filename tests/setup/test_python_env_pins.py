@@ -40,7 +40,8 @@ def requirement_set(python: str) -> list[str]:
     and launch's tools."""
     defaults = role_defaults("python_env")
     return [f"torch=={defaults['python_env_torch_version']}",
-            *defaults["python_env_packages_by_python"][python], *defaults["python_env_tools"]]
+            *defaults["python_env_packages_by_python"][python], *defaults["python_env_tools"],
+            *defaults["python_env_controller_packages"]]
 
 
 def resolve(python: str, glibc_minor: int, arch: str, requirements: list[str],
@@ -107,6 +108,23 @@ def test_the_nodes_tools_are_the_versions_launch_itself_pins():
         assert tool in project["dependencies"], (tool, project["dependencies"])
 
 
+def test_the_controllers_packages_are_within_launchs_own_ranges():
+    # A detached run's controller is launch itself on the head: each package it imports is
+    # installed at a version launch's pyproject.toml accepts, and none it needs is missing.
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROLES.parents[2] / "pyproject.toml").read_text())["project"]
+    ranges = {(r := Requirement(d)).name.lower(): r.specifier for d in project["dependencies"]}
+    pins = role_defaults("python_env")["python_env_controller_packages"]
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        assert name.lower() in ranges, (pin, sorted(ranges))
+        assert ranges[name.lower()].contains(version), (pin, ranges[name.lower()])
+    assert {p.partition("==")[0].lower() for p in pins} == {"fabric", "pydantic", "pyyaml"}
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_pins_resolve_with_wheels_for_the_target(resolutions, target, arch):
@@ -116,7 +134,7 @@ def test_the_pins_resolve_with_wheels_for_the_target(resolutions, target, arch):
     got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     for requirement in requirement_set(python):
         name, _, version = requirement.partition("==")
-        assert got[name] == version
+        assert got[name.lower()] == version
     wheels = [i["download_info"]["url"].rsplit("/", 1)[1] for i in report["install"]]
     assert all(w.endswith(".whl") for w in wheels), wheels
     tag = "cp" + python.replace(".", "")

@@ -30,7 +30,7 @@ def gateway(lab) -> str:
 
 def detach(run_launch, lab, project, *args: str, timeout: float = 180):
     started = time.monotonic()
-    proc = run_launch("run", "-i", str(lab.inventory), *args, "--detach", cwd=project,
+    proc = run_launch("run", "-i", str(lab.inventory), "--detach", *args, cwd=project,
                       timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "detached: its pipeline runs on host0" in proc.stderr

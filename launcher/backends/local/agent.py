@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.job.environment import path_with
+from launcher.job.environment import path_with, service_env
 from launcher.job.runplan import NodeCommand
 from launcher.runs.folder import STAMP_ENV
 from launcher.runs.leftovers import pids_with_env
@@ -47,6 +47,8 @@ def process_env(command: NodeCommand, stamp: str) -> dict[str, str]:
     # The plan's env is all of it: the login's variables of launch's environment are in it
     # (launcher/job/environment.py), nothing else of launch's shell.
     env = {**command.env, STAMP_ENV: stamp}
+    if command.service:
+        env = {**service_env(os.environ), **env}
     if command.env.get("LAUNCH_PYTHON"):
         env["PATH"] = path_with(command.env["LAUNCH_PYTHON"], env.get("PATH"))
     return env

@@ -181,13 +181,13 @@ class LocalBackend:
     def hand_over(self, request: RunRequest, nodes: list[Node]) -> dict[str, Any]:
         """The run folder made here, the controller started in a session of its own."""
         from launcher.backends.local.home import start_controller
-        from launcher.pipeline.handover import HANDOVER, handover_doc
+        from launcher.pipeline.handover import HANDOVER, HANDOVER_MODE, handover_doc
         from launcher.runs.folder import RunFolder
 
         runs = Path(self.cwd, request.runs_dir).resolve()
         uid = RunFolder.uid_for(runs, request.run_id, request.resume)
         folder = RunFolder.for_launch(runs, request.run_id, resume=request.resume, uid=uid)
-        folder.write_json(HANDOVER, handover_doc(self, request, uid, str(runs)))
+        folder.write_json(HANDOVER, handover_doc(self, request, uid, str(runs)), mode=HANDOVER_MODE)
         pid = start_controller(folder.root, self.cwd)
         return {"run_dir": str(folder.root), "pid": pid, "where": f"this machine (pid {pid})"}
 

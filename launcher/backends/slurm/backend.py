@@ -242,7 +242,7 @@ class SlurmBackend:
         filesystem, the run folder made there with its handover, the job submitted."""
         from launcher.backends.slurm.sbatch import SCRIPT_NAME
         from launcher.core.node_code import code_files, code_root, controller_files, snapshot
-        from launcher.pipeline.handover import HANDOVER, handover_doc
+        from launcher.pipeline.handover import HANDOVER, HANDOVER_MODE, handover_doc
         from launcher.runs.folder import RunFolder, STAMP_ENV
 
         partition = self.preflight(request.recipe, len(nodes))
@@ -280,7 +280,7 @@ class SlurmBackend:
         folder.write_json(HANDOVER, handover_doc(
             inside, request, uid, str(runs),
             settings={**inside.to_json(), "allocation": True},
-            shipped=shipped.dest if shipped else None))
+            shipped=shipped.dest if shipped else None), mode=HANDOVER_MODE)
         (folder.root / SCRIPT_NAME).write_text(job.script())
         proc = slurm(job.sbatch_argv(), timeout=60, env={STAMP_ENV: folder.stamp})
         if proc.returncode != 0:
@@ -373,13 +373,12 @@ class SlurmSession:
         return None   # the client wrote code.json when it staged the code
 
     def process(self, command: NodeCommand, stamp: str, label: str | None = None):
-        from launcher.backends.slurm.steps import StepProcess
-
-        from launcher.backends.slurm.steps import kept_names
+        from launcher.backends.slurm.steps import StepProcess, kept_names
 
         return StepProcess(command, stamp, label,
                            cpus=self.backend.facts.get(command.name, {}).get("cpus"),
-                           keep=kept_names(self.backend.settings(self.recipe).sbatch_args))
+                           keep=kept_names(self.backend.settings(self.recipe).sbatch_args,
+                                           service=command.service))
 
     def run(self, command: NodeCommand, stamp: str, label: str, line) -> int | None:
         return self.process(command, stamp, label).run_to_end(line)

@@ -47,10 +47,11 @@ SLURM_KEPT = ("SLURM.*", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VIS
               "ZE_AFFINITY_MASK")
 
 
-def kept_names(sbatch_args: tuple[str, ...] | list[str] = ()) -> str:
+def kept_names(sbatch_args: tuple[str, ...] | list[str] = (), service: bool = False) -> str:
     """STEP_SCRIPT's regex: a login's variables, Slurm's and its devices', and the NAMEs of
-    --export=ALL,NAME=VALUE,... in the job's sbatch arguments."""
-    from launcher.job.environment import LOGIN_NAMES, LOGIN_PREFIXES
+    --export=ALL,NAME=VALUE,... in the job's sbatch arguments; for launch's own services
+    (the checkpoint mirror) also the cloud settings the job has from launch's shell."""
+    from launcher.job.environment import LOGIN_NAMES, LOGIN_PREFIXES, SERVICE_PREFIXES
 
     exported = []
     for arg in sbatch_args:
@@ -58,6 +59,7 @@ def kept_names(sbatch_args: tuple[str, ...] | list[str] = ()) -> str:
             exported += [t.split("=", 1)[0] for t in arg[len("--export="):].split(",")
                          if t and t.upper() != "ALL"]
     names = [*LOGIN_NAMES, *(f"{p}.*" for p in LOGIN_PREFIXES), *SLURM_KEPT,
+             *(f"{p}.*" for p in (SERVICE_PREFIXES if service else ())),
              *(re.escape(n) for n in dict.fromkeys(exported))]
     return "^(" + "|".join(names) + ")$"
 

@@ -227,7 +227,7 @@ class SshBackend:
         from launcher.backends.ssh.preflight import close_all, preflight
         from launcher.cluster.ssh import remote
         from launcher.core.node_code import controller_files
-        from launcher.pipeline.handover import handover_doc
+        from launcher.pipeline.handover import HANDOVER_MODE, handover_doc
         from launcher.runs.folder import RunFolder
 
         head = self.controller_node(nodes)
@@ -267,6 +267,7 @@ class SshBackend:
             conn.run(remote("mkdir", "-p", posixpath.dirname(incoming)), hide=True,
                      in_stream=False, timeout=30)
             with conn.sftp().open(incoming, "wb") as f:
+                f.chmod(HANDOVER_MODE)   # --env's values: the user's alone
                 f.write(json.dumps(doc).encode())
             code_dir = posixpath.join(_on_node(home, node_run_dir(head, request.run_id, uid)),
                                       "code")
