@@ -2,7 +2,10 @@
 rendezvous, `launch` (preflight, ship code, start over fabric, stream) against a plain
 `ssh host torchrun ...` fan-out started in parallel, on 2, 4 and 8 hosts; and the same for a
 user's own script (`launch run --ssh probe.py`: a workdir shipped, the script run by torchrun
-from there), which should cost no more than the bundled trainer.
+from there), which should cost no more than the bundled trainer; and the bundled run detached
+(`launch run --detach`: the pipeline handed over to a controller on the head, which connects to
+the nodes again from there), timed from the same start to the same milestone, read from the
+head's copy of the node logs after the client has gone (goal: within 10% of attached).
 
 Where launch's time goes: a table of phases, each the median over repeats of the time from
 one milestone to the next, a milestone being reached when the last host reaches it
@@ -65,7 +68,7 @@ from launcher.lab.hosts import Lab  # noqa: E402
 from launcher.report.display import PlainDisplay  # noqa: E402
 from launcher.workdir.scan import scan_workdir  # noqa: E402
 
-VARIANTS = ("launch", "script", "plain")
+VARIANTS = ("launch", "script", "plain", "detached")
 
 PASSED = re.compile(r"rendezvous-passed rank=(\d+) world=(\d+) t=([0-9.]+)")
 STARTED = re.compile(r"probe-started t=([0-9.]+)")
@@ -73,7 +76,7 @@ PROBE = REPO / "launch_bench" / "rendezvous_probe.py"
 
 # Milestones in the order a launch reaches them (the last host's time, from the start).
 MILESTONES = ("connected", "code uploaded", "workdir shipped", "probed", "preflight done",
-              "planned", "store started", "agents started", "store listening",
+              "handed over", "planned", "store started", "agents started", "store listening",
               "workers started", "rendezvous passed")
 
 
@@ -319,6 +322,38 @@ def time_launch(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int,
     return timeline.from_logs(logs, hosts), timeline.phases(), meter and meter.seconds
 
 
+def time_detached(lab: Lab, hosts: int, run_id: str, runs_dir: Path, port: int
+                  ) -> tuple[float, dict[str, float], None]:
+    """The bundled run handed over (`--detach`): the client's part marked when it returns,
+    then every rank past rendezvous read from the head's node logs (their times are the
+    ranks' own clock, so how often this looks does not count), and the run waited to its end
+    so the next variant has the lab to itself."""
+    backend = SshBackend(lab.inventory, SshOptions())
+    timeline = Timeline()
+    run(backend, RunRequest(recipe_for(hosts), run_id, hosts, job=PROBE_JOB,
+                            runs_dir=str(runs_dir), rdzv_port=port, detach=True))
+    timeline.mark("handed over")
+    handle = json.loads((runs_dir / run_id / "detached.json").read_text())
+    home = backend.home(handle)
+    names = [n.name for n in load_inventory(lab.inventory)[:hosts]]
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            logs = "".join((home.read(f"{n}/node.log", 1 << 24) or b"").decode(errors="replace")
+                           for n in names)
+            if len({m[1] for m in PASSED.finditer(logs)}) >= hosts and \
+                    home.alive() is False:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"detached run {run_id} did not end:\n{logs[-2000:]}")
+            time.sleep(0.5)
+    finally:
+        close = getattr(home, "close", None)
+        if close is not None:
+            close()
+    return timeline.from_logs(logs, hosts), timeline.phases(), None
+
+
 def launch_timed(backend, timeline, hosts, nodes, run_id, runs_dir, port, quiet, workdir):
     with timed(timeline):
         if workdir is None:
@@ -413,12 +448,16 @@ def main() -> int:
                 for rep in range(args.repeats):
                     port += 3
                     # Rotate the order so no variant always runs on a warmer cache.
-                    order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+                    turn = rep % len(VARIANTS)
+                    order = VARIANTS[turn:] + VARIANTS[:turn]
                     for i, variant in enumerate(order):
                         run_id = f"{variant}-{hosts}-{rep}"
                         if variant == "plain":
                             took, split, used = time_plain_fanout(lab, hosts, run_id,
                                                                   port + i, cpu=args.cpu)
+                        elif variant == "detached":
+                            took, split, used = time_detached(lab, hosts, run_id,
+                                                              tmp / "runs", port + i)
                         else:
                             took, split, used = time_launch(
                                 lab, hosts, run_id, tmp / "runs", port + i,
@@ -441,9 +480,11 @@ def main() -> int:
                                                                   for c in cpu[v])
                 row["ratio"] = row["launch_s"] / row["plain_s"]
                 row["script_ratio"] = row["script_s"] / row["plain_s"]
+                row["detached_vs_attached"] = row["detached_s"] / row["launch_s"]
                 results.append(row)
                 print(f"  {hosts} hosts: launch {row['launch_s']:.2f}s, your script "
-                      f"{row['script_s']:.2f}s, plain {row['plain_s']:.2f}s",
+                      f"{row['script_s']:.2f}s, plain {row['plain_s']:.2f}s, detached "
+                      f"{row['detached_s']:.2f}s",
                       file=sys.stderr, flush=True)
         finally:
             lab.destroy()
@@ -465,10 +506,12 @@ def main() -> int:
 
 def summary_table(results: list[dict]) -> str:
     lines = [f"{'hosts':>5}  {'launch (s)':>10}  {'your script (s)':>15}  "
-             f"{'plain ssh fan-out (s)':>21}  {'ratio':>6}  {'script ratio':>12}"]
+             f"{'plain ssh fan-out (s)':>21}  {'ratio':>6}  {'script ratio':>12}  "
+             f"{'detached (s)':>12}  {'detached/attached':>17}"]
     for r in results:
         lines.append(f"{r['hosts']:>5}  {r['launch_s']:>10.2f}  {r['script_s']:>15.2f}  "
-                     f"{r['plain_s']:>21.2f}  {r['ratio']:>6.2f}  {r['script_ratio']:>12.2f}")
+                     f"{r['plain_s']:>21.2f}  {r['ratio']:>6.2f}  {r['script_ratio']:>12.2f}  "
+                     f"{r['detached_s']:>12.2f}  {r['detached_vs_attached']:>17.2f}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import ipaddress
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,6 +49,10 @@ def test_a_detached_run_on_the_head_restarts_mirrors_and_comes_home(run_launch, 
         detach(run_launch, lab, project, "det.yml", "--run-id", "sdet")
         record = json.loads((project / "runs" / "sdet" / "detached.json").read_text())
         assert record["controller"] == "host0" and record["backend"] == "ssh"
+        # What the controller writes on the head is the user's alone.
+        controller_folder = wait_for(lambda: Path(record["run_dir"]).is_dir() and
+                                     Path(record["run_dir"]), 60, "the controller's folder")
+        assert controller_folder.stat().st_mode & 0o077 == 0
         # The pipeline runs on the head, in the host's own namespace: not a process here.
         assert record["pid"] in lab.pids("host0")
         first = LaunchProcess(["attach", "sdet"], project)

@@ -264,8 +264,8 @@ class SshBackend:
                        for name, f in facts.items() if name != head.name or not apart},
                 code={"sha256": shipment.sha256, "files": shipment.files})
             conn = conns[head.name]
-            conn.run(remote("mkdir", "-p", posixpath.dirname(incoming)), hide=True,
-                     in_stream=False, timeout=30)
+            conn.run(remote("sh", "-c", 'umask 077 && mkdir -p "$1"', "launch-mkdir",
+                            posixpath.dirname(incoming)), hide=True, in_stream=False, timeout=30)
             with conn.sftp().open(incoming, "wb") as f:
                 f.chmod(HANDOVER_MODE)   # --env's values: the user's alone
                 f.write(json.dumps(doc).encode())

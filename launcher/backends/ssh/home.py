@@ -62,8 +62,10 @@ def as_seen_from_the_cluster(nodes: list[Node], controller: Node) -> list[dict[s
 
 def controller_line(python: str, code_dir: str, incoming: str, runs: str) -> list[str]:
     """sh -c: the controller started in a session of its own (setsid), its output appended to
-    a log beside its handover, its pid printed."""
-    script = ('mkdir -p "$4" && cd "$4" && PYTHONPATH="$2" setsid "$1" -m ' + CONTROLLER_MODULE
+    a log beside its handover, its pid printed. umask 077: what it writes on the head (logs,
+    summaries, --env values in the handover) is the user's alone."""
+    script = ('umask 077 && mkdir -p "$4" && cd "$4" && PYTHONPATH="$2" setsid "$1" -m '
+              + CONTROLLER_MODULE
               + ' --incoming "$3" "$4" </dev/null >>"$3.log" 2>&1 & echo "$!"')
     return ["sh", "-c", script, "launch-controller", python, code_dir, incoming, runs]
 
