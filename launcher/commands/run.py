@@ -19,6 +19,7 @@ from launcher.job.request import Recover, RunRequest
 from launcher.job.recipe import Recipe, load_recipe, recipe_from_mapping, recipe_warnings
 from launcher.job.spec import check_target, job_of, script_recipe
 from launcher.runs.folder import check_run_id, new_run_id
+from launcher.runs.screen import SCREEN_ALL_NODES
 
 DEFAULT_WORKDIR_LIMIT = 1 << 30
 
@@ -106,6 +107,10 @@ def register(sub) -> None:
                         "inventory's controller host, the Slurm job, or a session of its own "
                         "here) and return with its id: `launch attach RUN_ID` follows it, "
                         "`launch logs`, `launch stop` (docs/run.md#detached-runs)")
+    p.add_argument("--all-lines", action="store_true",
+                   help="show every node's lines on the terminal; above "
+                        f"{SCREEN_ALL_NODES} nodes it shows the head's lines, every error and "
+                        "launch's own (every line is in the node logs either way)")
     # What follows `--` on the command line: the script's or module's own arguments, taken
     # off before argparse reads the rest (launcher/cli.py).
     p.set_defaults(func=main, job_args=[])
@@ -239,7 +244,7 @@ def main(args) -> int:
                          recover=Recover(args.recover, args.recover_timeout)
                          if args.recover is not None else None,
                          gate=args.gate, exclude_bad=args.exclude_bad, bench=args.bench,
-                         detach=args.detach)
+                         detach=args.detach, all_lines=args.all_lines)
     from launcher.pipeline.run import check_supported
 
     check_supported(backend, request, args.detach)

@@ -28,6 +28,7 @@ from launcher.report.display import make_display
 from launcher.runs.folder import RunFolder
 from launcher.runs.logs import LineRouter, failure_excerpt
 from launcher.runs.progress import StepLines
+from launcher.runs.screen import ScreenFilter, screen_filter_on
 from launcher.workdir.left_out import missing_left_out
 
 EXIT_INTERRUPTED = 130
@@ -85,7 +86,8 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
             plan, folder, procs, display=display, grace_s=request.grace_s, store=store,
             services=services, after=lambda: session.collect(plan, folder, lost(plan)),
             prepare=preparation(session, plan, backend.capabilities.one_machine),
-            verdict=notices.judge, node_lost=node_lost, backend=backend.name)
+            verdict=notices.judge, node_lost=node_lost, backend=backend.name,
+            all_lines=request.all_lines)
     finally:
         session.close()
 
@@ -169,7 +171,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  prepare: Callable[..., None] | None = None,
                  verdict: Callable[[Outcome], Outcome] | None = None,
                  node_lost: Callable[[str], str | None] | None = None,
-                 backend: str | None = None) -> dict[str, Any]:
+                 backend: str | None = None, all_lines: bool = False) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
@@ -177,7 +179,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     to the summary once `after` has run (Slurm: the job id and its final state). `verdict`
     may say more of the outcome than the supervisor knew (a spot node's interruption notice:
     "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
-    restarted there)."""
+    restarted there). Above LAUNCH_SCREEN_ALL_NODES nodes the terminal shows the head's lines
+    and the errors only (launcher/runs/screen.py), unless `all_lines`."""
     display = display or make_display()
     folder.write_json("plan.json", {**plan.to_json(), **({"backend": backend} if backend else {})})
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
@@ -188,14 +191,19 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     steps = StepLines()
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)
+    screen = ScreenFilter(plan.nodes[0].name) \
+        if screen_filter_on(len(plan.nodes), all_lines) else None
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display,
-                        steps=steps, head=None if plan.job.is_trainer else plan.nodes[0].name)
+                        steps=steps, head=None if plan.job.is_trainer else plan.nodes[0].name,
+                        screen=screen)
     recovery.steps = steps
     recovery.notify = router.message
     started = _now()
     what = (f"world size {plan.world_size}" if plan.job.uses_torchrun
             else "your command on each")
     router.message(f"run {plan.run_id}: {plan.nnodes} node(s), {what}; logs in {folder.root}")
+    if screen is not None:
+        router.message(screen.opening(len(plan.nodes)))
     outcome = None
     try:
         if prepare is not None:

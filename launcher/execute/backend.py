@@ -193,7 +193,8 @@ def print_plan(plan: Any, as_json: bool) -> None:
 
 
 def in_parallel(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 32) -> dict:
-    """fn(item) for every item at once; returns {item: result or exception}."""
+    """fn(item) for every item, at most `max_workers` at a time (a window: as one ends the next
+    starts, on at most that many threads); returns {item: result or exception}."""
     items = list(items)
     out: dict = {}
     if not items:

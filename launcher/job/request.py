@@ -43,6 +43,7 @@ class RunRequest:
     exclude_bad: bool = False
     bench: bool = False
     detach: bool = False
+    all_lines: bool = False                 # every node's lines on the terminal, at any scale
 
     def __post_init__(self):
         if self.job is None:
@@ -67,7 +68,7 @@ class RunRequest:
             {"max_recoveries": self.recover.max_recoveries,
              "timeout_s": _finite(self.recover.timeout_s)},
             "gate": self.gate, "exclude_bad": self.exclude_bad, "bench": self.bench,
-            "detach": self.detach,
+            "detach": self.detach, "all_lines": self.all_lines,
         }
 
     @classmethod
@@ -94,7 +95,8 @@ class RunRequest:
             recover=Recover(int(recover["max_recoveries"]), float(recover["timeout_s"]))
             if recover else None,
             gate=bool(data.get("gate")), exclude_bad=bool(data.get("exclude_bad")),
-            bench=bool(data.get("bench")), detach=bool(data.get("detach")))
+            bench=bool(data.get("bench")), detach=bool(data.get("detach")),
+            all_lines=bool(data.get("all_lines")))
 
 
 def _finite(value: float) -> float | None:

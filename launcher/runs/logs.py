@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 from launcher.core.safefile import open_append
+from launcher.runs.screen import ScreenFilter
 
 # torchrun --tee prefixes worker lines with "[<role><local_rank>]:" (role is "default").
 _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<rank>\d+)\]:(?P<text>.*)$")
@@ -124,6 +125,11 @@ class Tracebacks:
         else:
             del self._open[rank]
             del self._after[rank]
+
+    def in_block(self, rank: str) -> bool:
+        """Whether the rank's last line was part of a traceback (a frame, the exception, the
+        lines kept after it)."""
+        return rank in self._open
 
     def last(self) -> dict[str, list[str]]:
         """rank -> its last exception's lines, in the order they arrived."""
@@ -262,13 +268,19 @@ class LineRouter:
     Also log only: torchrun's ChildFailedError report (AgentReport), and, given the `head`
     node, the LAUNCH_STEP lines of every rank but the head's local rank 0 (the live view and
     progress.jsonl follow that rank; 8 ranks' step lines once buried everything else). Each
-    rank's last exception is kept apart (Tracebacks) for the failure message."""
+    rank's last exception is kept apart (Tracebacks) for the failure message.
+
+    Given a `screen` (launcher/runs/screen.py: a run of many nodes), the terminal gets only the
+    lines it lets through (the head's, the errors); the others are counted and said at the
+    end."""
 
     def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200,
-                 steps=None, backlog: int = DISPLAY_BACKLOG, head: str | None = None):
+                 steps=None, backlog: int = DISPLAY_BACKLOG, head: str | None = None,
+                 screen: ScreenFilter | None = None):
         self.display = display
         self.steps = steps
         self._head = head
+        self._screen = screen
         self._reports = {node: AgentReport() for node in logs}
         self._tracebacks = {node: Tracebacks() for node in logs}
         self._files: dict[str, TextIO] = {}
@@ -300,8 +312,11 @@ class LineRouter:
             if node in self._muted:
                 self._muted[node] += 1
             elif not self._log_only(node, rank, text):
-                for rank_shown, text_shown in self._reports[node].line(rank, text):
-                    self._show_line(node, rank_shown, text_shown)
+                shown_now = self._reports[node].line(rank, text)
+                # More than one: torchrun's held traceback, released as another error.
+                if len(shown_now) > 1 or not shown_now or self._on_screen(node, rank, text):
+                    for rank_shown, text_shown in shown_now:
+                        self._show_line(node, rank_shown, text_shown)
         if self.steps is not None and label is None:
             # torchrun's own lines too: a job's command may start workers without --tee, whose
             # lines then carry no rank prefix.
@@ -312,6 +327,11 @@ class LineRouter:
             self._shown.put_nowait(("line", node, rank, text))
         except queue.Full:
             self._skipped[node] = self._skipped.get(node, 0) + 1
+
+    def _on_screen(self, node: str, rank: str, text: str) -> bool:
+        return self._screen is None or self._screen.shows(
+            node, text, in_traceback=self._tracebacks[node].in_block(f"{node}/{rank}"),
+            live_view=parse_progress(text) is not None)
 
     def _log_only(self, node: str, rank: str, text: str) -> bool:
         # A command's own launcher may print its ranks' lines unprefixed ("agent"): the
@@ -376,10 +396,13 @@ class LineRouter:
             for n, c in self._muted.items():
                 hidden[n] = hidden.get(n, 0) + c
             hidden = {n: c for n, c in hidden.items() if c}
+            kept_off = self._screen.closing(self._paths) if self._screen is not None else None
         if hidden:
             self.message("lines printed while launch stopped the nodes are in their logs only: "
                          + ", ".join(f"{n} {c} line(s) ({self._paths[n]})"
                                      for n, c in hidden.items()))
+        if kept_off:
+            self.message(kept_off)
         self._shown.put(None)
         self._shower.join()
         for f in self._files.values():

@@ -16,6 +16,7 @@ from launcher.cluster.inventory import Node, load_inventory, select_nodes
 from launcher.cluster.ssh_options import SshOptions
 from launcher.core.errors import LauncherError
 from launcher.core.node_code import code_files, code_root, content_hash
+from launcher.backends.ssh.options import DEFAULT_FANOUT
 from launcher.execute.backend import (YES, Capabilities, GroupResult, NodeResult, in_parallel,
                                       no)
 from launcher.job.request import RunRequest
@@ -57,7 +58,7 @@ def _on_node(home: str | None, path: str) -> str:
 
 
 def plan_inventory(request: RunRequest, nodes: list[Node], facts: dict | None = None, *,
-                   uid: str = "UID", attempt: int = 0) -> RunPlan:
+                   uid: str = "UID", attempt: int = 0, fanout: int | None = None) -> RunPlan:
     """The plan for hosts over SSH. Without facts (a dry run connects to nothing) the GPU
     count comes from the inventory, interface/cores are left for preflight to find, and paths
     are relative to each node's login folder."""
@@ -72,6 +73,9 @@ def plan_inventory(request: RunRequest, nodes: list[Node], facts: dict | None = 
                      "settings in /etc/launch/nccl.env that `launch setup` writes on EFA nodes, "
                      "and makes the paths below (relative to the node's login folder) "
                      "absolute; UID stands for the run's own id, made when it starts")
+        if fanout is not None:
+            notes.append(f"preflight connects to and checks at most {fanout} host(s) at a "
+                         f"time (--fanout)")
     placements = {}
     for n in nodes:
         home = facts[n.name].home if facts else None
@@ -110,10 +114,13 @@ class SshBackend:
     capabilities = CAPABILITIES
 
     def __init__(self, inventory: str | Path | None, options: SshOptions | None = None,
-                 limit: str | None = None, nodes: list[Node] | None = None):
+                 limit: str | None = None, nodes: list[Node] | None = None,
+                 fanout: int = DEFAULT_FANOUT):
         self.inventory = str(inventory) if inventory else None
         self.options = options or SshOptions()
         self.limit = limit
+        # At most this many hosts connected to, probed or fetched from at a time (--fanout).
+        self.fanout = max(1, int(fanout))
         # A controller is given its nodes as the cluster sees them (launcher/backends/ssh/
         # home.py), and what the client's preflight found and shipped (`adopt`).
         hosts = nodes if nodes is not None else load_inventory(self.inventory, limit=limit)
@@ -128,13 +135,15 @@ class SshBackend:
     def from_settings(cls, settings: dict[str, Any]) -> SshBackend:
         options = SshOptions(known_hosts=settings.get("known_hosts"),
                              accept_new_host_keys=bool(settings.get("accept_new_host_keys")))
+        fanout = int(settings.get("fanout") or DEFAULT_FANOUT)
         if settings.get("controller"):
             # A detached run's controller: the nodes as the cluster sees them, no inventory.
-            return cls(None, options, nodes=[Node(**n) for n in settings["nodes"]])
-        return cls(settings["inventory"], options, limit=settings.get("limit"))
+            return cls(None, options, nodes=[Node(**n) for n in settings["nodes"]],
+                       fanout=fanout)
+        return cls(settings["inventory"], options, limit=settings.get("limit"), fanout=fanout)
 
     def to_json(self) -> dict[str, Any]:
-        return {"inventory": self.inventory, "limit": self.limit,
+        return {"inventory": self.inventory, "limit": self.limit, "fanout": self.fanout,
                 "known_hosts": self.options.known_hosts,
                 "accept_new_host_keys": self.options.accept_new_host_keys}
 
@@ -163,7 +172,7 @@ class SshBackend:
         return out
 
     def plan(self, request: RunRequest, nodes: list[Node]) -> RunPlan:
-        return plan_inventory(request, nodes)
+        return plan_inventory(request, nodes, fanout=self.fanout)
 
     def shipment(self, request: RunRequest, uid: str, extra_files: list[str] = ()):
         """What preflight uploads to every node: launch's node code (and `extra_files` of it:
@@ -191,7 +200,8 @@ class SshBackend:
             return self._adopted_session(nodes)
         shipment = self.shipment(request, uid)
         port = request.rdzv_port or request.recipe.rendezvous.port
-        conns, facts = preflight(nodes, request.recipe, self.options, port, shipment)
+        conns, facts = preflight(nodes, request.recipe, self.options, port, shipment,
+                                 fanout=self.fanout)
         return SshSession(self, nodes, conns, facts,
                           {"sha256": shipment.sha256, "files": shipment.files})
 
@@ -201,7 +211,8 @@ class SshBackend:
 
         adopted, self.adopted = self.adopted, None
         by_name = {n.name: n for n in nodes}
-        answers = in_parallel(lambda name: connect(by_name[name], self.options), by_name)
+        answers = in_parallel(lambda name: connect(by_name[name], self.options), by_name,
+                              max_workers=self.fanout)
         problems = [a if isinstance(a, HostProblem) else HostProblem(name, str(a))
                     for name, a in answers.items() if isinstance(a, Exception)]
         conns = {name: a for name, a in answers.items() if not isinstance(a, Exception)}
@@ -333,7 +344,7 @@ class SshBackend:
                 conn.close()
 
         by_name = {n.name: n for n in nodes}
-        answers = in_parallel(lambda name: one(by_name[name]), by_name)
+        answers = in_parallel(lambda name: one(by_name[name]), by_name, max_workers=self.fanout)
         return GroupResult({name: answer if isinstance(answer, NodeResult)
                             else NodeResult(name, error=str(answer))
                             for name, answer in answers.items()})
@@ -397,7 +408,8 @@ class SshSession:
             return fetch_tree(proc.connection(), commands[name].run_dir, folder.node_dir(name))
 
         # `skip`: nodes whose machine is gone, and its files with it.
-        for name, result in in_parallel(fetch, [n for n in commands if n not in skip]).items():
+        for name, result in in_parallel(fetch, [n for n in commands if n not in skip],
+                                        max_workers=self.backend.fanout).items():
             if isinstance(result, Exception):
                 print(f"launch: warning: {result}")
         for proc in self.procs.values():

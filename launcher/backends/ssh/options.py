@@ -28,7 +28,31 @@ HOST_KEYS = (
     Flag(("--known-hosts",), "known_hosts", "SSH: known_hosts file (default: the inventory's "
                                             "UserKnownHostsFile, else ~/.ssh/known_hosts)"),
 )
-FLAGS = (LIMIT, *HOST_KEYS)
+# How many hosts preflight connects to and checks at a time (and a group command, a fetch of
+# the nodes' folders): a fleet of 256 once opened 256 connections and probes at once. 32 keeps
+# 8-node runs fully parallel with room to spare, like pdsh's default window of 32, and one
+# launcher's threads and sockets a fixed size whatever the fleet.
+DEFAULT_FANOUT = 32
+
+
+def fanout_count(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fanout takes a whole number of hosts, got "
+                                         f"{text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--fanout must be at least 1 host at a time, got "
+                                         f"{value}")
+    return value
+
+
+FANOUT = Flag(("--fanout",), "fanout", "SSH: connect to and check at most N hosts at a time "
+                                       f"(default {DEFAULT_FANOUT})",
+              {"metavar": "N", "type": fanout_count})
+FLAGS = (LIMIT, FANOUT, *HOST_KEYS)
 
 
 def selected(values: dict[str, Any]) -> bool:
@@ -50,4 +74,5 @@ def settings(values: dict[str, Any]) -> dict[str, Any]:
 
         inventory = str(inventory_for(values["cluster"]))
     return {"inventory": inventory, "cluster": values.get("cluster"),
-            "limit": values.get("limit"), **ssh_settings(values)}
+            "limit": values.get("limit"), "fanout": values.get("fanout") or DEFAULT_FANOUT,
+            **ssh_settings(values)}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
+from launcher.backends.ssh.options import DEFAULT_FANOUT
 from launcher.check.probe import node_function
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import HostProblem, Started, connect, remote
@@ -387,11 +388,13 @@ def job_check(job, workdir: str | None, recipe: Recipe) -> dict | None:
 
 
 def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
-              shipment: Shipment | None = None
+              shipment: Shipment | None = None, fanout: int = DEFAULT_FANOUT
               ) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
     """Open a connection to every node, upload the shipment, check the node and what arrived.
     Raises PreflightFailed with every problem of every node (and removes what was uploaded);
-    on success the connections stay open for the run."""
+    on success the connections stay open for the run. At most `fanout` nodes are being
+    connected to and checked at a time (a pool of that many threads: --fanout): a node's whole
+    preflight, connect to facts, is one task of the window."""
     from launcher.backends.ssh.agent import remove_tree
     from launcher.execute.backend import in_parallel
 
@@ -436,7 +439,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         shipped[name] = stats
         return stats.dest
 
-    answers = in_parallel(one, list(by_name))
+    answers = in_parallel(one, list(by_name), max_workers=fanout)
     for node in nodes:
         err = answers[node.name]
         if isinstance(err, HostProblem):
@@ -459,7 +462,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
     if problems:
         if shipment is not None and shipment.remove_on_failure:
             in_parallel(lambda name: remove_tree(conns[name], shipment.remote_dir(by_name[name])),
-                        list(conns))
+                        list(conns), max_workers=fanout)
         close_all(conns)
         raise PreflightFailed(problems)
     facts = {
