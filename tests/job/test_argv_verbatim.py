@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,7 +23,7 @@ from launcher.job.recipe import recipe_from_mapping
 from launcher.job.runplan import Placement, plan_run
 from launcher.job.spec import JOB_ARGV_ENV, job_of
 from tests.conftest import launch_cmd
-from tests.run.hostile import snapshot
+from tests.run.hostile import processes_naming, snapshot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,18 +79,6 @@ def test_a_script_named_like_a_flag_is_given_as_a_path():
     argv = list(planned([], script="--max.py").argv)
     parsed = get_args_parser().parse_args(argv[argv.index("torch.distributed.run") + 1:])
     assert parsed.training_script_args == ["script", "./--max.py"]
-
-
-def processes_naming(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and entry.name != str(os.getpid()):
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize("source", ["command-line", "recipe"])
