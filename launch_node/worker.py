@@ -1,6 +1,7 @@
 """Where every rank of a script, a module or the bundled trainer starts (launch's torchrun runs
-`python launch_node/worker.py script PATH ARGS...` or `... module NAME ARGS...`), before it becomes
-that program with exec (same pid, so launch's probes and py-spy find it as the rank):
+`python launch_node/worker.py script PATH` or `... module NAME`, the job's arguments in
+LAUNCH_JOB_ARGV, out of reach of torchrun's parser), before it becomes that program with exec
+(same pid, so launch's probes and py-spy find it as the rank):
 
 - LAUNCH_ATTEMPT: the attempt the node agent was started for (launch's restarts, `--resume`)
   plus the restarts torchrun made by itself (TORCHELASTIC_RESTART_COUNT), so a job counts
@@ -37,6 +38,10 @@ import socket
 import sys
 
 USAGE = "usage: worker.py (script PATH | module NAME | exec ARGV...) [ARGS...]"
+# The job's arguments, a JSON list (launcher/job/spec.py JOB_ARGV_ENV): launch gives a script's
+# or module's arguments here, not on torchrun's command line, where torchrun's own parser
+# would take `--nn` or `--max` for one of its options.
+JOB_ARGV = "LAUNCH_JOB_ARGV"
 # launcher/workdir/node.py's LOCK and STATE (this file imports nothing of launch's; a test
 # checks that the names agree).
 WORKDIR_LOCK = ".launch-lock"
@@ -100,6 +105,21 @@ def _int(name: str) -> int:
         return 0
 
 
+def job_args(env) -> list[str] | None:
+    """The arguments launch gave in JOB_ARGV (taken out of the environment: the job and its
+    children do not see it); [] when none were given; None when it is not a JSON list of text."""
+    given = env.pop(JOB_ARGV, None)
+    if given is None:
+        return []
+    try:
+        args = json.loads(given)
+    except ValueError:
+        return None
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return None
+    return args
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("script", "module", "exec"):
         print(USAGE, file=sys.stderr)
@@ -114,8 +134,12 @@ def main(argv: list[str]) -> int:
         except OSError as err:
             print(f"launch: cannot start {argv[1]}: {err}", file=sys.stderr)
             return 127
-    kind, target, args = argv[0], argv[1], argv[2:]
     env = os.environ
+    given = job_args(env)
+    if given is None:
+        print(f"launch: {JOB_ARGV} is not a JSON list of text", file=sys.stderr)
+        return 2
+    kind, target, args = argv[0], argv[1], [*argv[2:], *given]
     attempt = _int("LAUNCH_ATTEMPT") + _int("TORCHELASTIC_RESTART_COUNT")
     env["LAUNCH_ATTEMPT"] = str(attempt)
     workdir = os.getcwd()

@@ -247,6 +247,15 @@ def run_job_recipe(args: argparse.Namespace) -> int:
     """`launch init --script PATH` / `-m MODULE`: a recipe running your own code."""
     from launcher.job.spec import script_recipe
 
+    flag, given = ("--script", args.script) if args.script else ("-m", args.module)
+    # The name goes into a YAML file and a comment line of it: text, one line.
+    if given.encode("utf-8", "surrogateescape") != given.encode("utf-8", "replace"):
+        raise InitError(f"{flag} {ascii(given)}: the name holds bytes that are not UTF-8; "
+                        "a recipe is UTF-8 text: rename it")
+    controls = _control_characters(given)
+    if controls:
+        raise InitError(f"{flag} {ascii(given)}: the name holds control characters "
+                        f"({', '.join(controls)}); a recipe names it on one line: rename it")
     if args.script and not (Path.cwd() / args.script).is_file():
         raise InitError(f"--script {args.script}: no such file here ({Path.cwd()}); give the "
                         "script's path from the project's folder, where you run launch init")

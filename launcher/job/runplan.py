@@ -448,6 +448,8 @@ def plan_run(
         if place.workdir and workdir is not None:
             # What the copy must hold when the job starts (launch_node/worker.py checks it).
             env["LAUNCH_WORKDIR_DIGEST"] = workdir.digest
+        if program is not None:
+            env.update(job.worker_env())
         env.update(node_cluster_env or cluster_env(rank, nodes, rdzv_host, port, node_gpus))
         env["LAUNCH_ATTEMPT"] = str(attempt)
         if job.is_trainer and recipe.checkpoint is not None:

@@ -18,8 +18,10 @@ first on PYTHONPATH, ties the rank's life to its agent, and then becomes the use
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,9 @@ from launcher.core.errors import LauncherError
 from launcher.job.recipe import Recipe
 
 KINDS = ("script", "module", "command", "trainer", "workload")
+# Where a script's or module's arguments reach launch_node/worker.py (its JOB_ARGV: that file
+# imports nothing of launch's; a test checks that the names agree).
+JOB_ARGV_ENV = "LAUNCH_JOB_ARGV"
 
 
 @dataclass(frozen=True)
@@ -60,16 +65,31 @@ class Job:
             what = "launch's own workload (launch_bench/bench.py, launch_bench/gate.py)"
         else:
             what = "the bundled ViT trainer (train/main.py)"
+        if self.kind in ("script", "module") and self.args:
+            what += f" with arguments {shlex.join(self.args)}"
         where = f" in {self.workdir} (shipped to every node)" if self.workdir else ""
         return what + where
 
     def worker_argv(self) -> list[str]:
-        """What launch's worker entry (launch_node/worker.py) execs on every rank."""
+        """What launch's worker entry (launch_node/worker.py) is given on torchrun's command
+        line: the kind and the program, never the job's arguments (worker_env carries them).
+        torchrun's parser reads every item of its argv, the program's too: an argument it can
+        take for one of its own options (`--nn`, an ambiguous `--max`) would be taken, or end
+        the run. A script named `-x.py` is given as `./-x.py` for the same reason."""
         if self.kind == "module":
-            return ["module", str(self.target), *self.args]
+            return ["module", str(self.target)]
         if self.kind == "script":
-            return ["script", str(self.target), *self.args]
+            target = str(self.target)
+            return ["script", f"./{target}" if target.startswith("-") else target]
         raise ValueError(f"a {self.kind} job has no worker entry")
+
+    def worker_env(self) -> dict[str, str]:
+        """The job's arguments, verbatim, for the worker entry: a JSON list in JOB_ARGV_ENV,
+        which no parser but the worker's reads (ASCII: bytes that are not UTF-8 travel as
+        \\udcXX escapes and come back as the same bytes)."""
+        if self.kind not in ("script", "module"):
+            return {}
+        return {JOB_ARGV_ENV: json.dumps(list(self.args))}
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "args": list(self.args),

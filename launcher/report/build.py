@@ -60,7 +60,9 @@ class ReportError(LauncherError):
 
 def _record(model: type[BaseModel], path: Path, within: Path | None,
             warnings: list[str] | None, max_bytes: int | None = None) -> dict | None:
-    """A JSON file as its schema, as a plain dict. `warnings` None: the file is needed (a
+    """A JSON file as its schema, as a plain dict: the keys the file has, each nested record
+    whole (its optional keys at their defaults: a restart record without `steps_lost`, a
+    partial auto decision, read as launch writes them). `warnings` None: the file is needed (a
     problem is a ReportError); else a file the report can do without: None when absent, and
     when unreadable None and a warning naming it (a killed run can leave half a file)."""
     exists = (safefile.lstat(path, within=within) is not None if within is not None
@@ -69,7 +71,8 @@ def _record(model: type[BaseModel], path: Path, within: Path | None,
         return None
     try:
         kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
-        return read_record(model, path, within=within, **kwargs).model_dump(exclude_unset=True)
+        record = read_record(model, path, within=within, **kwargs)
+        return {k: v for k, v in record.model_dump().items() if k in record.model_fields_set}
     except LauncherError as err:
         if warnings is None:
             raise ReportError(str(err)) from None

@@ -8,6 +8,8 @@ axis, ranks and nodes in the legends, the measured values in the titles.
 
 from __future__ import annotations
 
+import math
+
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -96,11 +98,20 @@ def _with_tick(ax, value: float) -> None:
     ax.set_xticks([*ticks, value], [f"{t:g}" for t in ticks] + [f"{value:g}"])
 
 
+# What a plot draws: a value beyond it (a job's loss of 1e308, finite) is left out, as a
+# missing one is; matplotlib's tick arithmetic overflows on a range near the float limit
+# (1e308 - -1e308) and the whole run page was lost with it.
+PLOTTABLE = 1e100
+
+
 def _value(record: dict[str, Any], key: str) -> Any:
-    """record[key]; "split.comm_share" reaches into the record's step split."""
+    """record[key] when it can be drawn, else None; "split.comm_share" reaches into the
+    record's step split."""
     for part in key.split("."):
         record = record.get(part) if isinstance(record, dict) else None
-    return record
+    if isinstance(record, bool) or not isinstance(record, (int, float)):
+        return None
+    return record if math.isfinite(record) and abs(record) <= PLOTTABLE else None
 
 
 def _series(attempt: Attempt, key: str, x: str) -> tuple[list[float], list[float]]:

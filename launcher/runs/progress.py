@@ -44,20 +44,39 @@ class Step:
     samples: int | None = None
 
 
+# Bounds on a step line, so that reading one costs time linear in its length and nothing
+# after it can overflow: a longer line, a step or sample count past MAX_COUNT, a busy time past
+# MAX_BUSY_S is not a step line (it stays the job's output, as any other line).
+MAX_LINE = 4096
+MAX_COUNT = 10**12
+MAX_BUSY_S = 10**6
+
+
+def _count(text: str) -> int:
+    if len(text) > len(str(MAX_COUNT)) or not text.isascii() or not text.isdigit():
+        raise ValueError(text)
+    value = int(text)
+    if value > MAX_COUNT:
+        raise ValueError(text)
+    return value
+
+
 def parse_step(text: str) -> Step | None:
     """A LAUNCH_STEP line's fields; None for any other line or a malformed one."""
+    if len(text) > MAX_LINE:
+        return None
     m = STEP_LINE.match(text.strip())
     if not m:
         return None
     values = {f["key"]: f["value"] for f in _FIELD.finditer(m["fields"])}
     try:
-        step = int(values["step"])
+        step = _count(values["step"])
         loss = float(values["loss"]) if "loss" in values else None
         busy = float(values["busy_s"]) if "busy_s" in values else None
-        samples = int(values["samples"]) if "samples" in values else None
+        samples = _count(values["samples"]) if "samples" in values else None
     except (KeyError, ValueError):
         return None
-    if step < 0 or (busy is not None and not (math.isfinite(busy) and busy >= 0)):
+    if busy is not None and not (math.isfinite(busy) and 0 <= busy <= MAX_BUSY_S):
         return None
     return Step(step, loss if loss is None or math.isfinite(loss) else None, busy, samples)
 
@@ -130,10 +149,14 @@ class StepLines:
         if len(self._ranks) < 2:
             return
         done = min(r.step for r in self._ranks.values()) // BLOCK - 1
-        while self._judged < done:
-            self._judged += 1
-            means = {k: statistics.fmean(r.blocks.pop(self._judged))
-                     for k, r in self._ranks.items() if r.blocks.get(self._judged)}
+        # The blocks that hold busy times, not every number up to `done`: a job that jumps
+        # to step 10^12 costs one pass, not 10^11 (this runs under the lock every line takes).
+        held = sorted({b for r in self._ranks.values() for b in r.blocks
+                       if self._judged < b <= done})
+        self._judged = max(self._judged, done)
+        for block in held:
+            means = {k: statistics.fmean(r.blocks.pop(block))
+                     for k, r in self._ranks.items() if r.blocks.get(block)}
             if len(means) < 2:
                 continue
             median = statistics.median(means.values())

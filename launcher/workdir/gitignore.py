@@ -7,7 +7,9 @@ re-includes; a trailing `/` matches folders only; a rule with a slash at its sta
 anchored to its file's folder, one without matches a name at any depth below it; `*`, `?` and
 `[...]` (`!`/`^` negation, ranges, `[:class:]`) never match `/`; `**/`, `/**` and `/**/`
 span folders; `\\` escapes (`\\#`, `\\!`, `\\ `); trailing spaces are dropped unless escaped;
-CRLF and a UTF-8 BOM are tolerated. Matching is on bytes, as git's is (`?` is one byte).
+CRLF and a UTF-8 BOM are tolerated. Matching is on bytes, as git's is (`?` is one byte), and
+takes time linear in the name for a given pattern (Glob: every place in the pattern at once,
+never backtracking: a line of `*a*a*a...` against a long name once stalled even --dry-run).
 Whether a file inside an excluded folder can come back is the walker's business: git never
 looks inside an excluded folder, and neither does launcher/workdir/scan.py.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 # POSIX classes as git's wildmatch tests them (ASCII only, sane_ctype).
 _CLASSES = {
@@ -24,6 +27,64 @@ _CLASSES = {
     b"punct": b"!-/:-@[-`{-~", b"space": b" \t\n\v\f\r", b"upper": b"A-Z",
     b"xdigit": b"0-9A-Fa-f",
 }
+
+
+# A pattern's pieces (Glob.tokens): one byte, one byte of a set, `*` (a run of bytes but `/`),
+# `**` (any run), `**/` (zero or more whole folders).
+BYTE, ONE_OF, STAR, ANY, FOLDERS = range(5)
+
+
+class Glob:
+    """A translated pattern, matched as a set of places in it moved forward one byte at a time
+    (Thompson's construction): len(tokens) x len(name) steps at most, whatever the pattern.
+    A place is 2*i (before token i) or 2*i+1 (inside a FOLDERS token, after a byte that was
+    not its closing `/`)."""
+
+    def __init__(self, tokens: list[tuple[int, Any]]):
+        self.tokens = tokens
+
+    def _close(self, places: set[int]) -> set[int]:
+        out, todo = set(), list(places)
+        while todo:
+            place = todo.pop()
+            if place in out:
+                continue
+            out.add(place)
+            i = place // 2
+            if place % 2 == 0 and i < len(self.tokens) and self.tokens[i][0] in (STAR, ANY,
+                                                                                  FOLDERS):
+                todo.append(2 * (i + 1))   # zero bytes of it
+        return out
+
+    def fullmatch(self, text: bytes) -> bool:
+        end = 2 * len(self.tokens)
+        places = self._close({0})
+        for byte in text:
+            nxt: set[int] = set()
+            for place in places:
+                i = place // 2
+                if i >= len(self.tokens):
+                    continue
+                kind, arg = self.tokens[i]
+                if kind == BYTE:
+                    if byte == arg:
+                        nxt.add(2 * (i + 1))
+                elif kind == ONE_OF:
+                    if arg[byte]:
+                        nxt.add(2 * (i + 1))
+                elif kind == STAR:
+                    if byte != 0x2F:
+                        nxt.add(2 * i)
+                elif kind == ANY:
+                    nxt.add(2 * i)
+                else:   # FOLDERS: any bytes, left only right after a `/`
+                    nxt.add(2 * i + 1)
+                    if byte == 0x2F:
+                        nxt.add(2 * (i + 1))
+            if not nxt:
+                return False
+            places = self._close(nxt)
+        return end in places
 
 
 @dataclass(frozen=True)
@@ -38,18 +99,18 @@ class Rule:
     negative: bool
     dir_only: bool
     basename: bool       # no slash: matched against the last path component
-    regex: re.Pattern[bytes] | None   # None: a malformed pattern, which git never matches
+    glob: Glob | None    # None: a malformed pattern, which git never matches
 
     def matches(self, path: bytes, is_dir: bool) -> bool:
-        if self.regex is None or (self.dir_only and not is_dir):
+        if self.glob is None or (self.dir_only and not is_dir):
             return False
         if self.basename:
-            return self.regex.fullmatch(path.rpartition(b"/")[2]) is not None
+            return self.glob.fullmatch(path.rpartition(b"/")[2])
         if self.base:
             if not path.startswith(self.base + b"/"):
                 return False
             path = path[len(self.base) + 1:]
-        return self.regex.fullmatch(path) is not None
+        return self.glob.fullmatch(path)
 
     def describe(self) -> str:
         return f"{self.source}:{self.line} `{self.pattern}`"
@@ -106,23 +167,23 @@ def _rule(line: bytes, source: str, number: int, base: bytes) -> Rule | None:
     if line.startswith(b"/"):
         line = line[1:]
     if basename:
-        body = _translate(line)
+        tokens = _translate(line)
     else:
         # As git's match_pathname(): the part before the first wildcard is compared as it
         # is and wildmatch gets the rest as a pattern of its own, so a `**` right after that
         # part counts as leading (`a**/x` matches `a/x` and `ab/c/x`, as git's does).
         cut = next((i for i, c in enumerate(line) if c in b"*?[\\"), len(line))
         rest = _translate(line[cut:])
-        body = None if rest is None else re.escape(line[:cut]) + rest
+        tokens = None if rest is None else [(BYTE, b) for b in line[:cut]] + rest
     return Rule(source=source, line=number, pattern=text, base=base, negative=negative,
                 dir_only=dir_only, basename=basename,
-                regex=None if body is None else re.compile(body, re.DOTALL))
+                glob=None if tokens is None else Glob(tokens))
 
 
-def _translate(pattern: bytes) -> bytes | None:
-    """wildmatch(pattern, WM_PATHNAME) as a regular expression; None where wildmatch aborts
-    (an unterminated `[`, an unknown `[:class:]`, a trailing backslash)."""
-    out = []
+def _translate(pattern: bytes) -> list[tuple[int, Any]] | None:
+    """wildmatch(pattern, WM_PATHNAME) as Glob tokens; None where wildmatch aborts (an
+    unterminated `[`, an unknown `[:class:]`, a trailing backslash)."""
+    out: list[tuple[int, Any]] = []
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i:i + 1]
@@ -134,31 +195,41 @@ def _translate(pattern: bytes) -> bytes | None:
             bounded = (j - i >= 2 and (i == 0 or pattern[i - 1:i] == b"/")
                        and (after in (b"", b"/") or pattern[j:j + 2] == b"\\/"))
             if bounded and after == b"/":
-                out.append(rb"(?:.*/)?")   # zero or more whole folders
+                out.append((FOLDERS, None))   # zero or more whole folders
                 j += 1
             elif bounded:
-                out.append(rb".*")
-            else:
-                out.append(rb"[^/]*")
+                out.append((ANY, None))
+            elif not out or out[-1][0] != STAR:   # `a**b` is `a*b`: one STAR is enough
+                out.append((STAR, None))
             i = j
         elif ch == b"?":
-            out.append(rb"[^/]")
+            out.append((ONE_OF, _NOT_SLASH))
             i += 1
         elif ch == b"[":
             parsed = _bracket(pattern, i)
             if parsed is None:
                 return None
             piece, i = parsed
-            out.append(piece)
+            out.append((ONE_OF, _table(piece)))
         elif ch == b"\\":
             if i + 1 >= n:
                 return None
-            out.append(re.escape(pattern[i + 1:i + 2]))
+            out.append((BYTE, pattern[i + 1]))
             i += 2
         else:
-            out.append(re.escape(ch))
+            out.append((BYTE, pattern[i]))
             i += 1
-    return b"".join(out)
+    return out
+
+
+_NOT_SLASH = bytes(0 if b == 0x2F else 1 for b in range(256))
+
+
+def _table(piece: bytes) -> bytes:
+    """A one-byte regular expression (a `[...]` set) as a table of the 256 bytes it takes:
+    each test is one byte against a set, so the expression cannot backtrack."""
+    one = re.compile(piece, re.DOTALL)
+    return bytes(1 if one.fullmatch(bytes([b])) else 0 for b in range(256))
 
 
 def _bracket(pattern: bytes, i: int) -> tuple[bytes, int] | None:

@@ -42,6 +42,8 @@ def run_worker(dest: str, digest: str, *argv: str) -> subprocess.CompletedProces
 
 def test_the_names_agree_with_the_node_side_of_shipping():
     assert (worker.WORKDIR_LOCK, worker.WORKDIR_STATE) == (workdir_node.LOCK, workdir_node.STATE)
+    from launcher.job.spec import JOB_ARGV_ENV
+    assert worker.JOB_ARGV == JOB_ARGV_ENV
 
 
 def test_a_command_runs_holding_its_copy(tmp_path):
