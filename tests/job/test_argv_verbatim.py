@@ -81,6 +81,7 @@ def test_a_script_named_like_a_flag_is_given_as_a_path():
     assert parsed.training_script_args == ["script", "./--max.py"]
 
 
+@pytest.mark.slow   # real torchrun runs: the fast tier keeps the parser-level cases above
 @pytest.mark.parametrize("source", ["command-line", "recipe"])
 def test_a_real_run_gives_the_script_every_argument_as_written(tmp_path, source):
     project = tmp_path / "a" / "b" / "project"

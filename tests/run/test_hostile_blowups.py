@@ -90,6 +90,7 @@ STEPS_SCRIPT = "import os\nrank = os.environ['LOCAL_RANK']\n" + "".join(
     for case, line, _ in STEP_CASES)
 
 
+@pytest.mark.slow   # a real 2-rank run: the fast tier keeps the parser-level cases above
 def test_a_real_run_keeps_every_line_after_a_hostile_step_line_and_reports(tmp_path):
     project = tmp_path / "a" / "b" / "project"
     project.mkdir(parents=True)
