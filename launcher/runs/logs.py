@@ -265,9 +265,11 @@ class LineRouter:
     rank's last exception is kept apart (Tracebacks) for the failure message."""
 
     def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200,
-                 steps=None, backlog: int = DISPLAY_BACKLOG, head: str | None = None):
+                 steps=None, backlog: int = DISPLAY_BACKLOG, head: str | None = None,
+                 timeline=None):
         self.display = display
         self.steps = steps
+        self.timeline = timeline   # the run's Timeline (launcher/runs/timeline.py): steps seen
         self._head = head
         self._reports = {node: AgentReport() for node in logs}
         self._tracebacks = {node: Tracebacks() for node in logs}
@@ -306,6 +308,8 @@ class LineRouter:
             # torchrun's own lines too: a job's command may start workers without --tee, whose
             # lines then carry no rank prefix.
             self.steps.line(node, rank, text)
+        if self.timeline is not None and label is None:
+            self.timeline.line(node, rank, text)
 
     def _show_line(self, node: str, rank: str, text: str) -> None:
         try:
