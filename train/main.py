@@ -292,6 +292,9 @@ def after_step(run: Training, dt: float) -> None:
         run.sent.mark_start(run.step)
     if len(run.step_times) == 1 and run.restarted and run.checkpoints.is_keeper:
         print(f"step {run.step}: first step since the restart", flush=True)
+    elif len(run.step_times) == 1 and run.rank == 0:
+        # When training began, for launch's run timeline (launcher/runs/timeline.py).
+        print(f"step {run.step}: first step", flush=True)
     if run.checkpoints.policy.enabled and run.checkpoints.due(run.step):
         run.checkpoints.save(run)
     if run.auto:

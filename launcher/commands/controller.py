@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
     from launcher.job.request import RunRequest
     from launcher.pipeline.handover import CONTROLLER, HANDOVER, HANDOVER_MODE
     from launcher.pipeline.run import run_here
+    from launcher.runs.timeline import Timeline, process_start
     from launcher.runs.console import CONSOLE, ConsoleWriter, StreamDisplay, StreamText
     from launcher.runs.folder import RunFolder
     from launcher.workdir.scan import Manifest
@@ -64,7 +65,9 @@ def main(argv: list[str]) -> int:
         backend = backend_named(doc["backend"]["name"], doc["backend"]["settings"] or {})
         if hasattr(backend, "adopt"):
             backend.adopt(doc.get("session") or {})
-        summary = run_here(backend, request, display=StreamDisplay(writer), folder=folder)
+        # A detached run's wall time begins with its controller (launcher/runs/timeline.py).
+        summary = run_here(backend, request, display=StreamDisplay(writer), folder=folder,
+                           timeline=Timeline(process_start()))
         end = {"code": 0, "status": summary.get("status", "succeeded")}
     except RunFailed as err:
         end = {"code": err.exit_code, "status": _status(folder), "message": str(err)}

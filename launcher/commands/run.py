@@ -281,6 +281,8 @@ def main(args) -> int:
     for warning in abandoned_warnings(args.runs_dir):
         print(f"launch: warning: {warning}", file=sys.stderr)
     from launcher.pipeline.run import run
+    from launcher.runs.timeline import Timeline, process_start
 
-    run(backend, request)
+    # The run's wall time begins with this process (launcher/runs/timeline.py).
+    run(backend, request, timeline=Timeline(process_start()))
     return 0

@@ -13,7 +13,8 @@ HELP = """\
 Lists the run folders in --runs-dir (default runs/), in the order they started, after a line
 naming the folder it looked in, one line each: run id, recipe, backend
 (local, ssh, slurm), nodes, status, when it started, how long it ran, steps, the last loss and
-the held-out accuracy when known ('-' where a run folder does not say). A run is "running"
+the held-out accuracy when known, and the goodput: the share of the wall time spent in steps
+that were kept (summary.json `timeline`; '-' where a run folder does not say). A run is "running"
 while its launch process lives; once it wrote its summary, the summary's status (succeeded,
 failed, interrupted, stopped, preempted); "abandoned" when launch died without one (killed,
 out of memory): its node agents die with launch, and any process of it still alive on this
@@ -59,7 +60,7 @@ def _row(s) -> tuple[str, ...]:
     return (s.run_id, s.recipe or "-", s.backend or "-",
             "-" if s.nodes is None else str(s.nodes), status, s.started_at or "-",
             _duration(s.duration_s), "-" if s.steps is None else str(s.steps),
-            _number(s.loss, ".4f"), _number(s.accuracy, ".2%"))
+            _number(s.loss, ".4f"), _number(s.accuracy, ".2%"), _number(s.goodput, ".0%"))
 
 
 def ask_detached(runs_dir: str, states: list, timeout: float = 10.0) -> None:
@@ -131,7 +132,7 @@ def main(args) -> int:
     print(f"{len(states)} run(s) in {where}/, in the order they started (another folder: "
           "--runs-dir DIR)")
     print(format_table(("run", "recipe", "backend", "nodes", "status", "started", "duration",
-                        "steps", "loss", "accuracy"), [_row(s) for s in states]), end="")
+                        "steps", "loss", "accuracy", "goodput"), [_row(s) for s in states]), end="")
     for s in states:
         if s.problem:
             print(f"{s.run_id}: {printable(s.problem)}")

@@ -29,6 +29,7 @@ from launcher.runs.folder import RunFolder
 from launcher.runs.logs import LineRouter, failure_excerpt
 from launcher.runs.progress import StepLines
 from launcher.runs.screen import ScreenFilter, screen_filter_on
+from launcher.runs.timeline import JOB, LAST, Timeline
 from launcher.workdir.left_out import missing_left_out
 
 EXIT_INTERRUPTED = 130
@@ -54,17 +55,22 @@ TRAINER_FACTS = ("steps", "images_per_sec", "final_loss", "eval_accuracy", "trai
 
 def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
                 node_lost: Callable[[str], str | None] | None = None,
-                folder: RunFolder | None = None) -> dict[str, Any]:
+                folder: RunFolder | None = None,
+                timeline: Timeline | None = None) -> dict[str, Any]:
     """One attempt of `request` on `nodes`: the summary, or RunFailed after writing it.
     `folder`: the run folder when the client made it already (a handed-over run's first
     attempt); else made here (a new one, or the next attempt of a resumed run). `node_lost`:
-    why a node's machine is gone (launcher/pipeline/recover.py), or None."""
+    why a node's machine is gone (launcher/pipeline/recover.py), or None. `timeline`: the
+    run's phases so far (launcher/runs/timeline.py); else the attempt's own, from now."""
+    timeline = timeline or Timeline()
     uid = folder.uid if folder is not None and folder.uid else \
         RunFolder.uid_for(request.runs_dir, request.run_id, request.resume)
     def lost(plan: RunPlan) -> set[str]:
         return {c.name for c in plan.nodes if node_lost is not None and node_lost(c.name)}
 
+    timeline.begin("preflight")   # the backend's session: connect, check, ship
     session = backend.open(request, nodes, uid)   # PreflightFailed: nothing was made
+    timeline.begin("preparation")
     try:
         if folder is None:
             folder = RunFolder.for_launch(request.runs_dir, request.run_id,
@@ -85,9 +91,9 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
         return execute_plan(
             plan, folder, procs, display=display, grace_s=request.grace_s, store=store,
             services=services, after=lambda: session.collect(plan, folder, lost(plan)),
-            prepare=preparation(session, plan, backend.capabilities.one_machine),
+            prepare=preparation(session, plan, backend.capabilities.one_machine, timeline),
             verdict=notices.judge, node_lost=node_lost, backend=backend.name,
-            all_lines=request.all_lines)
+            all_lines=request.all_lines, timeline=timeline)
     finally:
         session.close()
 
@@ -171,7 +177,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  prepare: Callable[..., None] | None = None,
                  verdict: Callable[[Outcome], Outcome] | None = None,
                  node_lost: Callable[[str], str | None] | None = None,
-                 backend: str | None = None, all_lines: bool = False) -> dict[str, Any]:
+                 backend: str | None = None, all_lines: bool = False,
+                 timeline: Timeline | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
     folder)` runs first (the workdir shipped, setup: launcher/execute/prepare.py); its
@@ -180,8 +187,10 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     may say more of the outcome than the supervisor knew (a spot node's interruption notice:
     "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
     restarted there). Above LAUNCH_SCREEN_ALL_NODES nodes the terminal shows the head's lines
-    and the errors only (launcher/runs/screen.py), unless `all_lines`."""
+    and the errors only (launcher/runs/screen.py), unless `all_lines`. `timeline` is marked at
+    each phase's beginning (launcher/runs/timeline.py); summary.json carries it."""
     display = display or make_display()
+    timeline = timeline or Timeline()
     folder.write_json("plan.json", {**plan.to_json(), **({"backend": backend} if backend else {})})
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
@@ -195,7 +204,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         if screen_filter_on(len(plan.nodes), all_lines) else None
     router = LineRouter({n.name: folder.node_log(n.name) for n in plan.nodes}, display,
                         steps=steps, head=None if plan.job.is_trainer else plan.nodes[0].name,
-                        screen=screen)
+                        screen=screen, timeline=timeline)
     recovery.steps = steps
     recovery.notify = router.message
     started = _now()
@@ -213,6 +222,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                 outcome = Outcome(status="failed", first_failure=err.node, reason=err.reason,
                                   nodes=[NodeExit(n.name, started=False) for n in plan.nodes])
         if outcome is None:
+            timeline.begin(JOB)
             outcome = supervise(procs, router, grace_s=grace_s, notify=router.message,
                                 services=[*([store] if store else []), *services],
                                 recovery=recovery)
@@ -226,6 +236,10 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         # `launch stop` sent the signal: asked for, not an accident.
         outcome.status = "stopped"
         outcome.reason = f"stopped by `launch stop` ({stop.get('by', 'someone')})"
+    timeline.begin("collection")
+    for node in outcome.nodes:
+        if node.ended_at is not None:
+            timeline.node(node.name, "exited_s", node.ended_at - timeline.start)
     if after is not None:
         after()  # e.g. reap leftovers, fetch remote files; also after a failure
     tails = {n.name: failure_excerpt(router.tail(n.name, 200), errors=router.errors(n.name))
@@ -241,12 +255,15 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
             summary["failure"]["hints"] = hints
     if extra is not None:
         summary.update(extra())
+    timeline.begin(LAST)
     try:  # a run folder made read-only or full must not hide the run's outcome
         folder.gather_metrics([n.name for n in plan.nodes])
+        summary["timeline"] = timeline_of(timeline, summary, outcome)
         folder.write_json("summary.json", summary)
     except OSError as err:
         display.message(f"warning: could not write the summary in {folder.root}: "
                         f"{err.strerror or err}")
+    timeline.begin("report")
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
         from launcher.report.build import print_run_report, write_run_report
 
@@ -257,6 +274,13 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     except Exception as err:  # noqa: BLE001
         display.message(f"warning: no run report ({type(err).__name__}: {err}); "
                         f"`launch report {folder.root}` retries it")
+    # The report's own time too: summary.json's timeline then ends at the report's write (the
+    # page shows it up to the summary's).
+    summary["timeline"] = timeline_of(timeline, summary, outcome)
+    try:
+        folder.write_json("summary.json", summary)
+    except OSError:
+        pass   # said above, when the first write failed
     if outcome.status == "succeeded":
         restarts = sum(r.get("restarted", True) for r in summary["restarts"])
         after_restarts = f" after {restarts} restart(s)" if restarts else ""
@@ -281,6 +305,19 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)
+
+
+def timeline_of(timeline: Timeline, summary: dict[str, Any], outcome: Outcome
+                ) -> dict[str, Any]:
+    """The run's timeline until now, with what the run lost inside training: its restarts,
+    hang waits, the trainer's checkpoint blocking time, the steps a resume recomputes."""
+    checkpoint = summary.get("checkpoint") if isinstance(summary.get("checkpoint"), dict) \
+        else {}
+    return timeline.to_json(
+        incidents=[r for r in summary.get("restarts") or [] if r.get("restarted", True)],
+        hangs=outcome.recovery.get("hangs") or [],
+        checkpoint_blocking_s=checkpoint.get("blocking_s"),
+        steps_redone_at_start=outcome.recovery.get("steps_lost_before_resume"))
 
 
 def _outcome_facts(summary: dict[str, Any]) -> str:

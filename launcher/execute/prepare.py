@@ -12,6 +12,7 @@ starts.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -103,10 +104,11 @@ def in_parallel_or_raise(fn: Callable[[str], None], names: Iterable[str]) -> Non
                                       f"{type(err).__name__}: {err}")
 
 
-def preparation(session: Any, plan: RunPlan, one_machine: bool
+def preparation(session: Any, plan: RunPlan, one_machine: bool, timeline=None
                 ) -> Callable[[Any, Callable[[str], None], Any], None]:
     """What every run does before its job, for execute_plan's `prepare`: say what preflight
-    shipped, run setup, then the mirror's restores (each on its nodes at once)."""
+    shipped, run setup, then the mirror's restores (each on its nodes at once). `timeline`
+    (launcher/runs/timeline.py) keeps each node's time in each."""
     setups = setup_commands(plan, one_machine)
     restores = list(plan.mirror.restore) if plan.mirror is not None else []
 
@@ -117,10 +119,13 @@ def preparation(session: Any, plan: RunPlan, one_machine: bool
             def one(name: str) -> None:
                 cmd = by_name[name]
                 log = CommandLog(router, name, label, keep(name) if keep else None)
+                began = time.monotonic()
                 try:
                     code = session.run(cmd, folder.stamp, label, log.line)
                 finally:
                     log.close()
+                    if timeline is not None:
+                        timeline.node(name, f"{label}_s", time.monotonic() - began)
                 if code != 0:
                     raise failure(cmd, code, log)
 

@@ -41,6 +41,7 @@ class NodeExit:
     stopped_by_launch: bool = False
     started: bool = True
     restarts: int = 0          # times launch started this node's agent again
+    ended_at: float | None = None   # monotonic: when launch saw its exit
 
     @property
     def status(self) -> str:
@@ -333,6 +334,7 @@ class Supervisor:
                     continue
                 self.fail(where, problem)
             node.exit_code = code
+            node.ended_at = now
             if code != 0 and self.stop_at is None:
                 self.failed_at.setdefault(p.name, now)
                 if self.settle_until is None:

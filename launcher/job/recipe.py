@@ -12,6 +12,7 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
+import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError,
                       field_validator, model_validator)
 
@@ -569,6 +570,14 @@ def recipe_from_mapping(data: Any, source: str, base_dir: str | Path = ".",
     if not isinstance(data, dict):
         raise RecipeError(source, "", "a recipe must be a YAML mapping (name:, job: or train: "
                           "...)")
+    if text is None and not Path(source).is_file():
+        # A recipe with no file here (made by a program, or handed over from another machine)
+        # carries its mapping as text: the run folder keeps it as recipe.yml, where `launch
+        # compare` and `--resume` read it.
+        try:
+            text = yaml.safe_dump(data, sort_keys=False)
+        except yaml.YAMLError:
+            text = None
     try:
         recipe = Recipe.model_validate({**data, "source": source, "text": text,
                                         "command_line_env": (),

@@ -117,7 +117,7 @@ def _resumed_from(run_dir: Path) -> int | None:
 
 
 def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, display=None,
-                   folder=None) -> dict:
+                   folder=None, timeline=None) -> dict:
     """run_attempt, again on replacements while machines are lost and recoveries left."""
     policy: Recover = request.recover
     fleet = fleet_of(nodes)
@@ -132,7 +132,7 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
         by_name = {n.name: n for n in current}
         try:
             summary = run_attempt(backend, request.with_(resume=resume), current,
-                                  display=display, folder=folder,
+                                  display=display, folder=folder, timeline=timeline,
                                   node_lost=lambda name: fleet.gone(by_name[name])
                                   if name in by_name else None)
         except RunFailed as failed:
@@ -150,6 +150,8 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
                     f"{policy.max_recoveries} recoveries (--recover N)",
                     exit_code=failed.exit_code) from None
             detected = time.monotonic()
+            if timeline is not None:
+                timeline.begin("machine recovery")
             for name, why in lost.items():
                 node = next(n for n in current if n.name == name)
                 new = recover_one(fleet, node, why, policy, book, request.run_id, detected)

@@ -17,6 +17,7 @@ from typing import Any
 from launcher.core.errors import LauncherError
 from launcher.execute.attempt import run_attempt
 from launcher.job.request import RunRequest
+from launcher.runs.timeline import Timeline
 
 
 def check_supported(backend, request: RunRequest, detached: bool) -> None:
@@ -36,34 +37,42 @@ def check_supported(backend, request: RunRequest, detached: bool) -> None:
 
 
 def run_here(backend, request: RunRequest, *, display=None, folder=None,
-             stream=None) -> dict[str, Any]:
+             stream=None, timeline: Timeline | None = None) -> dict[str, Any]:
     """Gate, bench, then the run's attempts, in this process. `folder`: the run folder the
-    client made (a handed-over run); `stream`: where the gate and the sweep speak."""
+    client made (a handed-over run); `stream`: where the gate and the sweep speak;
+    `timeline`: the run's phases so far (launch's process start: launcher/runs/timeline.py),
+    else it starts now."""
     stream = stream or sys.stdout
+    timeline = timeline or Timeline()
     nodes = backend.nodes(request.count)
     if request.gate:
         from launcher.pipeline.gate import gate_before_run
 
+        timeline.begin("gate")
         nodes = gate_before_run(backend, request, nodes, stream=stream)
     if request.bench:
         from launcher.pipeline.bench import bench_before_run
 
+        timeline.begin("bandwidth sweep")
         bench_before_run(backend, request, nodes)
     if request.recover is not None:
         from launcher.pipeline.recover import run_recovering
 
-        return run_recovering(backend, request, nodes, display=display, folder=folder)
-    return run_attempt(backend, request, nodes, display=display, folder=folder)
+        return run_recovering(backend, request, nodes, display=display, folder=folder,
+                              timeline=timeline)
+    return run_attempt(backend, request, nodes, display=display, folder=folder,
+                       timeline=timeline)
 
 
-def run(backend, request: RunRequest, *, display=None) -> dict[str, Any] | None:
+def run(backend, request: RunRequest, *, display=None,
+        timeline: Timeline | None = None) -> dict[str, Any] | None:
     """`launch run`'s pipeline where the request asks: here when attached (and the backend
     can), else handed over to a controller where the run lives, and followed unless detached.
     Returns the summary (None for a detached run)."""
     detached = request.detach or not backend.capabilities.attached_here
     check_supported(backend, request, request.detach)
     if not detached:
-        return run_here(backend, request, display=display)
+        return run_here(backend, request, display=display, timeline=timeline)
     from launcher.pipeline.handover import follow_handed_over, hand_over
 
     handle = hand_over(backend, request)

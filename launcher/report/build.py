@@ -42,6 +42,7 @@ from launcher.runs.schema import (MAX_SMALL, BackendRecord, BandwidthRecord, Met
                                 NodeFacts, PlanRecord, ResultRecord, SummaryRecord, read_lines,
                                 read_record)
 from launcher.core.table import printable
+from launcher.runs.timeline import describe as describe_timeline
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -403,6 +404,8 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
     recovery = _recovery(summary)
     if recovery is not None:  # only runs that restarted, hung or resumed carry the key
         report["recovery"] = recovery
+    if (summary or {}).get("timeline"):   # runs written before launch kept one lack the key
+        report["timeline"] = summary["timeline"]
     return report
 
 
@@ -541,6 +544,7 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
         f"· {report['nnodes']} node(s), world size {report['world_size']}",
         "",
         *_failure_lines(report.get("failure")),
+        *_time_lines(report.get("timeline")),
         "## Nodes",
         "",
         "| node | instance type | GPUs | interconnect | NCCL | network; transports "
@@ -617,6 +621,24 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     # control characters are shown escaped; the warnings' own colour is added above.
     return "\n".join(line if line.startswith(RED) else printable(line)
                      for line in lines) + "\n"
+
+
+def _time_lines(timeline: dict | None) -> list[str]:
+    """Where the wall time went (summary.json `timeline`): goodput, the largest losses, every
+    phase."""
+    if not timeline:
+        return []
+    return ["## Time", "", describe_timeline(timeline) + ".", "",
+            "| phase | seconds | share |", "| --- | --- | --- |",
+            *(f"| {p['name']} | {p['s']:.2f} | {_share(p['s'], timeline['wall_s'])} |"
+              for p in timeline.get("phases") or []),
+            *(f"| - of which lost: {loss['what']} | {loss['s']:.2f} | "
+              f"{_share(loss['s'], timeline['wall_s'])} |"
+              for loss in timeline.get("training_losses") or []), ""]
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
 
 
 def _failure_lines(failure: dict | None) -> list[str]:

@@ -314,6 +314,32 @@ def list_differences(lists: list[list[Any]]) -> list[str]:
     return cells
 
 
+def timeline_cells(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the runs' timelines side by side (summary.json `timeline`): a row
+    per phase in seconds, what training lost, the wall time and goodput; none when no run
+    has a timeline."""
+    timelines = [r.summary.get("timeline") if isinstance(r.summary.get("timeline"), dict)
+                 else None for r in comparison.runs]
+    if not any(timelines):
+        return [], []
+    phases = [{p["name"]: p["s"] for p in t.get("phases") or []} if t else {}
+              for t in timelines]
+    names = list(dict.fromkeys(name for run in phases for name in run))
+
+    def row(name: str, values: list[Any], fmt: str) -> list[str]:
+        return [name, *(MISSING if v is None else format(v, fmt) for v in values)]
+
+    rows = [row(f"  {name} (s)", [run.get(name) for run in phases], ".2f") for name in names]
+    rows.append(row("  lost in training (s)",
+                    [None if not t or t.get("kept_steps_s") is None
+                     else sum(loss["s"] for loss in t.get("training_losses") or [])
+                     for t in timelines], ".2f"))
+    rows.append(row("wall time (s)", [t.get("wall_s") if t else None for t in timelines],
+                    ".2f"))
+    rows.append(row("goodput", [t.get("goodput") if t else None for t in timelines], ".1%"))
+    return ["timeline", *(r.label for r in comparison.runs)], rows
+
+
 def difference_cells(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     header = ["recipe key", *(r.label for r in comparison.runs)]
     rows = []
@@ -330,6 +356,9 @@ def render_text(comparison: Comparison) -> str:
     out = [format_table(tuple(header), [tuple(r) for r in rows])]
     if len(comparison.runs) > 1:
         out.append(f"ratios: against {comparison.runs[0].label}\n")
+    header, rows = timeline_cells(comparison)
+    if rows:
+        out += ["\n", format_table(tuple(header), [tuple(r) for r in rows])]
     if comparison.recipe_differences:
         header, rows = difference_cells(comparison)
         out += ["\n", format_table(tuple(header), [tuple(r) for r in rows])]
@@ -346,5 +375,6 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
         "figures": {name: [{"value": v, "ratio": q} for v, q in values]
                     for name, values in comparison.figures.items()},
         "recipe_differences": comparison.recipe_differences,
+        "timelines": {r.label: r.summary.get("timeline") for r in comparison.runs},
         "notes": comparison.notes,
     }

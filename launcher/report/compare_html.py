@@ -8,7 +8,8 @@ from pathlib import Path
 
 from launcher.core.errors import LauncherError
 from launcher.report import page
-from launcher.report.compare import Comparison, cells, data_wait_s, difference_cells, split_part
+from launcher.report.compare import (Comparison, cells, data_wait_s, difference_cells,
+                                     split_part, timeline_cells)
 from launcher.report.html import step_curves
 from launcher.report.plots import COMM, COMPUTE, DATA
 
@@ -95,6 +96,10 @@ def render_compare_html(comparison: Comparison) -> str:
     if len(runs) > 1:
         body.append(f"<p>Ratios (1.25x) are against the first run, {page.esc(runs[0].label)}."
                     "</p>")
+    header, rows = timeline_cells(comparison)
+    if rows:
+        body += ["<h2>Where the wall time went</h2>",
+                 page.table(header, rows, numeric=range(1, len(header)))]
     body.append("<h2>Recipe differences</h2>")
     if comparison.recipe_differences:
         header, rows = difference_cells(comparison)

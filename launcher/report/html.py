@@ -18,6 +18,7 @@ from launcher.core.errors import LauncherError
 from launcher.report import page
 from launcher.report import plots
 from launcher.runs.progress import PROGRESS_FILE
+from launcher.runs.timeline import describe as describe_timeline
 from launcher.runs.schema import (BandwidthRecord, MetricsLine, ProgressLine, SummaryRecord,
                                 read_lines, read_record)
 
@@ -84,6 +85,41 @@ def _headline(report: dict, summary: dict) -> list[tuple[str, str]]:
     if _num(summary.get("duration_s")):
         items.append((f"{summary['duration_s']:.1f} s", "duration"))
     return items
+
+
+# Phases drawn in the timeline's bar: training's kept time green, its losses red, the rest in
+# greys and blues (launcher/runs/timeline.py names them).
+_PHASE_COLOURS = {"training": "#2e9d5b", "lost in training": "#d64545",
+                  "to first step": "#6b8fd6", "preflight": "#9aa6bd", "preparation": "#b4bdd0",
+                  "start-up": "#c9cfdc", "stop": "#e3a24a", "collection": "#d9c07a",
+                  "summary": "#cfc7a5", "report": "#bdb59a", "machine recovery": "#a35fb5",
+                  "gate": "#7fb3c9", "bandwidth sweep": "#93c4c0"}
+
+
+def timeline_bar(timeline: dict | None) -> str:
+    """One horizontal bar of the run's wall time (summary.json `timeline`): each phase's
+    width its share, training split into the time in kept steps and what it lost; goodput and
+    the largest losses beside it."""
+    if not isinstance(timeline, dict) or not _num(timeline.get("wall_s")) or \
+            timeline["wall_s"] <= 0:
+        return ""
+    wall = timeline["wall_s"]
+    parts: list[tuple[str, float]] = []
+    for phase in timeline.get("phases") or []:
+        if phase["name"] == "training" and _num(timeline.get("kept_steps_s")):
+            parts += [("training", timeline["kept_steps_s"]),
+                      ("lost in training", phase["s"] - timeline["kept_steps_s"])]
+        else:
+            parts.append((phase["name"], phase["s"]))
+    cells = "".join(
+        f"<span style=\"width:{100 * s / wall:.3f}%;background:"
+        f"{_PHASE_COLOURS.get(name, '#8c96a8')}\" title=\"{page.esc(name)}: {s:.2f} s\">"
+        "</span>" for name, s in parts if s > 0)
+    legend = "".join(
+        f"<li><i style=\"background:{_PHASE_COLOURS.get(name, '#8c96a8')}\"></i>"
+        f"{page.esc(name)} {s:.1f} s</li>" for name, s in parts if s > 0)
+    return (f"<div class=\"timeline\"><p><b>{page.esc(describe_timeline(timeline))}</b></p>"
+            f"<div class=\"bar\">{cells}</div><ul class=\"legend\">{legend}</ul></div>")
 
 
 def _lead(report: dict, summary: dict) -> str:
@@ -220,6 +256,7 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     _, sections = page.markdown_sections(markdown)
     link = _linker(run_dir)
     body = [f"<h1>Run report: {page.esc(report['run_id'])}</h1>", _lead(report, summary),
+            timeline_bar(summary.get("timeline")),
             page.figures_strip(_headline(report, summary))]
     steps_heading = "Job" if report["workload"] == "job" else "Training"  # as report.md's
     # (heading, report.md's section shown under it, what the page adds)

@@ -34,6 +34,13 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status-succeeded { color: #1a7f37; font-weight: 600; }
 .status-failed, .status-interrupted, .warn { color: #b42318; }
 .none { color: #5b6478; font-style: italic; }
+.timeline .bar { display: flex; height: 1.4em; border: 1px solid #dde1ea; border-radius: 4px;
+                 overflow: hidden; background: #fff; }
+.timeline .bar span { display: block; height: 100%; }
+.timeline .legend { display: flex; flex-wrap: wrap; gap: 0.2em 1em; list-style: none;
+                    padding: 0; margin: 0.3em 0; font-size: 0.85em; color: #4b5568; }
+.timeline .legend i { display: inline-block; width: 0.8em; height: 0.8em;
+                      margin-right: 0.3em; vertical-align: -0.05em; }
 code { background: #eef0f5; padding: 0 0.25em; border-radius: 3px; font-size: 0.9em; }
 """
 

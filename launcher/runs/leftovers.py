@@ -45,6 +45,8 @@ class RunState:
     steps: int | None = None
     loss: float | None = None
     accuracy: float | None = None
+    # The time in kept steps / the wall time (summary.json timeline: launcher/runs/timeline.py).
+    goodput: float | None = None
     # Why a file of the folder could not be read (the folder is listed all the same).
     problem: str | None = None
     # A detached run: where it lives (its record, detached.json), while this folder has no
@@ -56,7 +58,7 @@ class RunState:
                 "recipe": self.recipe, "backend": self.backend, "nodes": self.nodes,
                 "launch_pid": self.launch_pid, "started_at": self.started_at,
                 "duration_s": self.duration_s, "steps": self.steps, "loss": self.loss,
-                "accuracy": self.accuracy, "leftover_pids": self.leftover_pids,
+                "accuracy": self.accuracy, "goodput": self.goodput, "leftover_pids": self.leftover_pids,
                 "problem": self.problem, "where": self.where}
 
 
@@ -156,6 +158,8 @@ def run_state(folder: Path, *, with_leftovers: bool = True) -> RunState | None:
                    summary.nnodes if summary else None)
     if summary is not None:
         state.duration_s = summary.duration_s
+        if summary.timeline is not None:
+            state.goodput = summary.timeline.goodput
         state.steps, state.loss, state.accuracy = (summary.steps, summary.final_loss,
                                                    summary.eval_accuracy)
         progress = summary.progress if isinstance(summary.progress, dict) else {}

@@ -276,9 +276,10 @@ class LineRouter:
 
     def __init__(self, logs: dict[str, Path], display: Display, keep: int = 200,
                  steps=None, backlog: int = DISPLAY_BACKLOG, head: str | None = None,
-                 screen: ScreenFilter | None = None):
+                 screen: ScreenFilter | None = None, timeline=None):
         self.display = display
         self.steps = steps
+        self.timeline = timeline   # the run's Timeline (launcher/runs/timeline.py): steps seen
         self._head = head
         self._screen = screen
         self._reports = {node: AgentReport() for node in logs}
@@ -321,6 +322,8 @@ class LineRouter:
             # torchrun's own lines too: a job's command may start workers without --tee, whose
             # lines then carry no rank prefix.
             self.steps.line(node, rank, text)
+        if self.timeline is not None and label is None:
+            self.timeline.line(node, rank, text)
 
     def _show_line(self, node: str, rank: str, text: str) -> None:
         try:

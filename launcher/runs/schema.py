@@ -165,6 +165,29 @@ class Hang(_Record):
     dumps: list[Short] = []
 
 
+class Phase(_Record):
+    name: Short
+    s: Seconds
+
+
+class TimeLoss(_Record):
+    kind: Word | None = None
+    what: Short
+    s: Seconds
+
+
+class TimelineRecord(_Record):
+    """summary.json `timeline` (launcher/runs/timeline.py): the phases add up to wall_s."""
+
+    wall_s: Seconds
+    phases: Annotated[list[Phase], Field(max_length=64)] = []
+    training_losses: Annotated[list[TimeLoss], Field(max_length=10_000)] = []
+    largest_losses: Annotated[list[TimeLoss], Field(max_length=64)] = []
+    kept_steps_s: Seconds | None = None
+    goodput: Share | None = None
+    first_step_s: Seconds | None = None
+
+
 class SummaryRecord(_Record):
     run_id: Short | None = None
     status: Word | None = None
@@ -189,6 +212,8 @@ class SummaryRecord(_Record):
     # A job of the user's own: what ran, and the steps its LAUNCH_STEP lines reported.
     job: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    # Where the wall time went, and goodput (launcher/runs/timeline.py).
+    timeline: TimelineRecord | None = None
 
 
 # ---- what the report reads ---------------------------------------------------------------

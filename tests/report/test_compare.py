@@ -113,3 +113,19 @@ def test_two_runs_of_one_script_differ_in_one_argument_and_the_node_count(tmp_pa
     assert "job.args    … --steps 300  … --steps 400" in text
     assert "nodes       2              4" in text
     assert _curves(comparison) is not None
+
+
+def test_a_recipe_a_program_made_is_kept_and_compared(tmp_path):
+    """A recipe made from a mapping (benchmarks/ddp_tuning.py, a handed-over request whose
+    file is elsewhere) has no file to copy: the run folder keeps its mapping as recipe.yml,
+    and `launch compare` reads it (it once said "no readable recipe.yml" for every one)."""
+    from launcher.core.yamlfile import load_yaml_file
+    from launcher.job.recipe import recipe_from_mapping
+    from launcher.runs.folder import RECIPE_COPY, RunFolder
+
+    data = {"name": "variant", "nodes": 2, "train": {"epochs": 1},
+            "ddp": {"comm_hook": "powersgd"}}
+    recipe = recipe_from_mapping(data, "benchmarks/ddp_tuning.py:variant")
+    folder = RunFolder.for_launch(tmp_path / "runs", "r1")
+    folder.keep_recipe(recipe.source, recipe.text)
+    assert load_yaml_file(folder.root / RECIPE_COPY, "copy") == data
