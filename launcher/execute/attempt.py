@@ -279,6 +279,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     summary["timeline"] = timeline_of(timeline, summary, outcome)
     try:
         folder.write_json("summary.json", summary)
+        _final_timeline_in_report(folder, summary["timeline"])
     except OSError:
         pass   # said above, when the first write failed
     if outcome.status == "succeeded":
@@ -305,6 +306,24 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)
+
+
+def _final_timeline_in_report(folder: RunFolder, timeline: dict[str, Any]) -> None:
+    """report.json gets the final timeline too, as `launch report` rebuilds it from the summary
+    (the page and report.md show it as it stood when they were written)."""
+    import json
+
+    from launcher.core import safefile
+
+    path = folder.root / "report.json"
+    try:
+        report = json.loads(safefile.read_bytes(path, "report", max_bytes=64 << 20,
+                                                within=folder.runs, follow=False))
+    except (OSError, ValueError):
+        return   # no report (its failure was said), or not launch's
+    if isinstance(report, dict) and "timeline" in report:
+        report["timeline"] = timeline
+        folder.write_json("report.json", report)
 
 
 def timeline_of(timeline: Timeline, summary: dict[str, Any], outcome: Outcome

@@ -54,16 +54,17 @@ def handover_doc(backend, request: RunRequest, uid: str, runs_dir: str,
 
 def hand_over(backend, request: RunRequest) -> dict[str, Any]:
     """The run started where it lives; its handle (kept in runs/<id>/detached.json)."""
-    # The runs folder the handle is kept in, made before the run starts (a project's first
-    # run may live on the cluster): a run must not start with nowhere here to find it again.
+    # The runs folder the handle is kept in: checked before the run starts (a run must not
+    # start with nowhere here to find it again), made only once it has (a refused run leaves
+    # nothing).
     runs = Path(request.runs_dir).resolve()
     if runs.exists() and not runs.is_dir():
         raise LauncherError(f"--runs-dir {runs} is a file, not a folder")
-    runs.mkdir(parents=True, exist_ok=True)
     nodes = backend.nodes(request.count)
-    handle = backend.hand_over(request, nodes)
+    handle = backend.hand_over(request, nodes)   # refuses before anything is made or started
     handle = {"run_id": request.run_id, "backend": backend.name,
               "settings": backend.to_json(), **handle}
+    runs.mkdir(parents=True, exist_ok=True)   # a project's first run may live elsewhere
     local = runs / request.run_id      # the run folder itself where the runs folder is shared
     safefile.make_dirs(local, within=runs)
     safefile.write_json(local / DETACHED, handle, within=runs)

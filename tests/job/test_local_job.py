@@ -295,7 +295,7 @@ def test_dry_run_shows_argv_env_manifest_and_setup(run_launch, project):
                       cwd=project, env={"NOT_PASSED": "launch's own"})
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "job: script main.py in " in out
+    assert "job: script main.py with arguments --lr 0.1 in " in out
     assert "workdir (shipped to every node" in out and f"$ {SETUP}" in out
     assert "launch_node/worker.py script main.py --lr 0.1" in out
     assert "LAUNCH_NODE_RANK=1" in out
