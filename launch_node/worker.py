@@ -30,11 +30,13 @@ Imports only the standard library: nodes run it with their own interpreter.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
 import signal
 import socket
+import stat
 import sys
 
 USAGE = "usage: worker.py (script PATH | module NAME | exec ARGV...) [ARGS...]"
@@ -48,6 +50,23 @@ WORKDIR_LOCK = ".launch-lock"
 WORKDIR_STATE = ".launch-shipped.json"
 
 
+MAX_STATE_BYTES = 64 << 20   # launcher/workdir/node.py's
+
+
+def _own_file(folder: str, name: str, flags: int) -> int:
+    """launch's own file in the workdir copy, where the job writes too, opened as
+    launcher/workdir/node.py own_file opens it: never through a link, never waiting on a
+    FIFO, a regular file or OSError naming it."""
+    try:
+        fd = os.open(os.path.join(folder, name), flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        raise OSError(err.errno, f"{name}: {err.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{name} is not a regular file")
+    return fd
+
+
 def hold_workdir(env) -> str | None:
     """Hold the shipped workdir for this process and what it execs (LAUNCH_WORKDIR, shipped
     with LAUNCH_WORKDIR_DIGEST); why it cannot be used, or None."""
@@ -55,14 +74,21 @@ def hold_workdir(env) -> str | None:
     if not workdir or not digest:
         return None
     try:
-        fd = os.open(os.path.join(workdir, WORKDIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _own_file(workdir, WORKDIR_LOCK, os.O_RDWR | os.O_CREAT)
         # Blocks only while a ship changes the folder (seconds).
         fcntl.flock(fd, fcntl.LOCK_SH)
         os.set_inheritable(fd, True)
-        with open(os.path.join(workdir, WORKDIR_STATE)) as f:
-            found = json.load(f).get("digest")
-    except (OSError, ValueError, AttributeError) as err:
-        return f"the shipped workdir {workdir} cannot be read: {err}"
+        state = _own_file(workdir, WORKDIR_STATE, os.O_RDONLY)
+        try:
+            data = os.read(state, MAX_STATE_BYTES + 1)
+        finally:
+            os.close(state)
+        if len(data) > MAX_STATE_BYTES:
+            raise ValueError(f"{WORKDIR_STATE} is larger than {MAX_STATE_BYTES} bytes")
+        found = json.loads(data).get("digest")
+    except (OSError, ValueError, AttributeError, RecursionError) as err:
+        return (f"the shipped workdir {workdir} cannot be read: {err} (a job may have "
+                "replaced launch's own files there; launch run ships it again)")
     if found != digest:
         return (f"the shipped workdir {workdir} no longer holds what this run shipped (another "
                 "launch shipped other content into it after this run did); run again: a "

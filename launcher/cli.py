@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A name holding bytes that are not UTF-8 (Python's \udcXX surrogates: a file name, an
+    # argument, a variable from another system) is printed escaped, never the end of launch
+    # with a codec error in the middle of a message or a plan.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = build_parser()
     # `launch run train.py -- --epochs 3`: everything after the first `--` is the job's own,
     # verbatim (argparse would read options there, or refuse positionals after others). Other

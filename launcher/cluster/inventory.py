@@ -44,6 +44,12 @@ KNOWN_KEYS = {
                        "by `launch setup` on EFA nodes)",
 }
 
+# How a host's machine was bought (`launch provision --market` writes it; `launch run` watches
+# spot nodes for EC2's interruption notice). Kept among the host's extra variables, read here
+# so that a value launch does not know is an error rather than a node silently not watched.
+MARKET_VAR = "launch_market"
+MARKETS = ("on-demand", "spot", "capacity-block")
+
 
 @dataclass(frozen=True)
 class Node:
@@ -113,6 +119,10 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
         raise InventoryError(path, name, f"launch_interface {shorten(interface)} is not a "
                                          f"network interface name: {why}")
     extra = {k: v for k, v in hostvars.items() if k not in KNOWN_KEYS and k not in _MAGIC}
+    market = extra.get(MARKET_VAR)
+    if market is not None and market not in MARKETS:
+        raise InventoryError(path, name, f"{MARKET_VAR} {shorten(market)} is not one of "
+                                         f"{', '.join(MARKETS)} (leave it out for on-demand)")
     return Node(
         name=name,
         address=address,

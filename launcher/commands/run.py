@@ -96,7 +96,7 @@ def register(sub) -> None:
                         "wrote): when a node's machine is lost (EC2 says stopped, terminated "
                         "or reclaimed), put a new one in its place, set it up, check it and "
                         "resume from the newest checkpoint; up to N times (default 2)")
-    p.add_argument("--recover-timeout", type=recover_seconds, default=1800.0, metavar="S",
+    p.add_argument("--recover-timeout", type=recover_seconds, metavar="S",
                    help="with --recover: seconds one replacement may take (provision, setup, "
                         "check, gate; default 1800)")
     p.add_argument("--resume", metavar="RUN_ID",
@@ -114,6 +114,18 @@ def register(sub) -> None:
     # What follows `--` on the command line: the script's or module's own arguments, taken
     # off before argparse reads the rest (launcher/cli.py).
     p.set_defaults(func=main, job_args=[])
+
+
+def _recover(args) -> Recover | None:
+    """--recover N [--recover-timeout S]; the timeout alone would do nothing, so it is refused."""
+    if args.recover is None:
+        if args.recover_timeout is not None:
+            raise LauncherError(f"--recover-timeout {args.recover_timeout:g} is the time one "
+                                "machine replacement may take: it goes with --recover")
+        return None
+    if args.recover_timeout is None:
+        return Recover(args.recover)   # its default timeout (launcher/job/request.py)
+    return Recover(args.recover, args.recover_timeout)
 
 
 def with_overrides(recipe: Recipe, args) -> Recipe:
@@ -241,14 +253,17 @@ def main(args) -> int:
     request = RunRequest(recipe, run_id, count, job=job, workdir=manifest,
                          runs_dir=args.runs_dir, grace_s=args.grace, rdzv_port=args.rdzv_port,
                          resume=point is not None,
-                         recover=Recover(args.recover, args.recover_timeout)
-                         if args.recover is not None else None,
+                         recover=_recover(args),
                          gate=args.gate, exclude_bad=args.exclude_bad, bench=args.bench,
                          detach=args.detach, all_lines=args.all_lines)
     from launcher.pipeline.run import check_supported
 
     check_supported(backend, request, args.detach)
     nodes = backend.nodes(count)
+    if request.recover is not None:
+        from launcher.pipeline.recover import fleet_source
+
+        fleet_source(nodes)   # the run's own refusal, before anything starts (and on a dry run)
     # A real run plans in its pipeline (over SSH after preflight, which reports every host's
     # problems at once); a dry run and a resume check need the plan now.
     plan = backend.plan(request, nodes) if args.dry_run or point else None

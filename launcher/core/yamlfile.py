@@ -64,6 +64,16 @@ class _GuardedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def compose_document(self):
+        # The composed document is a graph: an alias is the anchored node itself, so 90
+        # aliases of 9 make 9**10 values once anything walks it (pydantic, repr, Ansible's
+        # variable merging). Its expanded size is counted here, before anything constructs
+        # it: aliases may not make a document larger than plain text could (MAX_NODES).
+        node = super().compose_document()
+        if self._aliases:
+            _expanded_size(node)
+        return node
+
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -78,6 +88,35 @@ class _GuardedLoader(yaml.SafeLoader):
                     "YAML would keep only the last one", key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """The values `root` stands for with every alias expanded, refused past MAX_NODES (and a
+    node that holds itself, which expands without end); each node is counted once, so the
+    work is linear in the composed document."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise _Bounds("a value holds itself through an alias (*name): refused")
+        open_.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        if total > MAX_NODES:
+            raise _Bounds(f"more than {MAX_NODES} values once its aliases (*name) are "
+                          "expanded: refused as an expansion bomb")
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
 
 
 def _describe(err: yaml.YAMLError) -> str:

@@ -15,11 +15,10 @@ import posixpath
 from dataclasses import replace
 from typing import Any
 
-from launcher.cluster.inventory import Node
+from launcher.cluster.inventory import MARKET_VAR, Node
 from launcher.job.runplan import NodeCommand, RunPlan
 from launch_node.spot import INTERRUPTIBLE_ENV
 
-MARKET_VAR = "launch_market"
 LABEL = "spot"
 
 

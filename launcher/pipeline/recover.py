@@ -58,22 +58,33 @@ def say(text: str) -> None:
     print(f"launch: recover: {text}", file=sys.stderr, flush=True)
 
 
-def fleet_of(nodes: list[Node]) -> Fleet:
-    """Where the nodes' machines come from, as their inventory says."""
+def fleet_source(nodes: list[Node]) -> tuple[str, str]:
+    """Where the nodes' machines come from, as their inventory says: ("cluster", NAME) or
+    ("lab", NAME); refused when it says neither. The one check of whether --recover can work,
+    made by the dry run and before anything starts as well as by the run itself, so that a
+    dry run accepts exactly what the run accepts."""
     cluster = next((n.extra["launch_cluster"] for n in nodes if n.extra.get("launch_cluster")),
                    None)
     if cluster:
-        from launcher.provision.replacement import Ec2Fleet
-
-        return Ec2Fleet(str(cluster), say=say)
+        return "cluster", str(cluster)
     lab = next((n.extra["launch_lab"] for n in nodes if n.extra.get("launch_lab")), None)
     if lab:
-        from launcher.lab.hosts import LabFleet
-
-        return LabFleet(str(lab), say=say)
+        return "lab", str(lab)
     raise LauncherError("--recover replaces a lost machine, which launch can do only where it "
                         "knows where machines come from: a cluster `launch provision` made "
                         "(--cluster NAME, or its inventory) or a lab (`launch lab up`)")
+
+
+def fleet_of(nodes: list[Node]) -> Fleet:
+    """Where the nodes' machines come from (fleet_source), as a Fleet."""
+    kind, name = fleet_source(nodes)
+    if kind == "cluster":
+        from launcher.provision.replacement import Ec2Fleet
+
+        return Ec2Fleet(name, say=say)
+    from launcher.lab.hosts import LabFleet
+
+    return LabFleet(name, say=say)
 
 
 def _now() -> str:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from launcher.cluster.catalog import InstanceFacts, Price
+from launcher.cluster.inventory import MARKETS
 from launcher.core.errors import LauncherError
 from launcher.core.names import name_problem, shown
 from launcher.provision import interfaces as nics
@@ -37,7 +38,6 @@ UBUNTU_RELEASES = {"22.04": "ebs-gp2", "24.04": "ebs-gp3"}
 SSM_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 
 PUBLIC_IP_MODES = ("head", "all", "none")
-MARKETS = ("on-demand", "spot", "capacity-block")
 IMAGES = ("ubuntu", "dlami")
 
 _JUMP = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.:-]+?)"

@@ -9,6 +9,8 @@ duration, each node's exit and the restart history. One self-contained file (lau
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -237,13 +239,23 @@ def _recovery_parts(summary: dict) -> list[str]:
 
 
 def _linker(run_dir: Path):
-    """`code` spans of report.md that name a file of the run folder (hang stacks, sources)
-    become links, relative to the page."""
+    """`code` spans of report.md that name a file of the run folder (hang stacks, the failing
+    node's log) become links, relative to the page: only a regular file reached without a
+    link at any step (what launch wrote, not what a tampered folder points at), and only a
+    path page.href can make a relative URL of."""
     def link(text: str) -> str | None:
-        path = Path(text)
-        if path.is_absolute() or ".." in path.parts or not (run_dir / path).is_file():
+        if page.href(text) is None:
             return None
-        return path.as_posix()
+        where = run_dir
+        for part in Path(text).parts:
+            where = where / part
+            try:
+                info = os.lstat(where)
+            except (OSError, ValueError):
+                return None
+            if stat.S_ISLNK(info.st_mode):
+                return None
+        return text if stat.S_ISREG(info.st_mode) else None
     return link
 
 

@@ -8,6 +8,8 @@ import html
 import io
 import re
 from collections.abc import Callable, Iterable
+from pathlib import PurePosixPath
+from urllib.parse import quote
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2330;
@@ -97,19 +99,38 @@ def svg(fig, ident: str, caption: str | None = None) -> str:
     return f"<figure id=\"{esc(ident)}\">{text}{label}</figure>"
 
 
+# ------------------------------------------------------------------ links
+
+def href(path: str) -> str | None:
+    """The one way a page makes a link: `path`, relative to the page's folder (a run folder),
+    as a relative URL, or None when it is not one. Whatever the path came from (a file name,
+    a summary.json field), no URL scheme reaches an href: anything absolute, with `..`, a
+    colon, a backslash or a control character is refused, and every part is percent-encoded
+    behind "./", so a browser can read the link only as a file beside the page."""
+    if not path or len(path) > 1024 or any(c in path for c in ":\\") \
+            or any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return None
+    parts = PurePosixPath(path)
+    if parts.is_absolute() or ".." in parts.parts or not parts.parts:
+        return None
+    return "./" + "/".join(quote(part, safe="") for part in parts.parts)
+
+
 # ------------------------------------------------------------------ report.md's text as HTML
 
 _CODE = re.compile(r"`([^`]+)`")
 
 
 def _inline(text: str, link: Callable[[str], str | None]) -> str:
-    """Escaped text; `code` spans, linked when `link` names a target for them."""
+    """Escaped text; `code` spans, linked when `link` names a file for them (a path relative
+    to the page, made a URL by href alone)."""
     out, pos = [], 0
     for m in _CODE.finditer(text):
         out.append(esc(text[pos:m.start()]))
-        href = link(m.group(1))
+        target = link(m.group(1))
+        url = href(target) if target else None
         code = f"<code>{esc(m.group(1))}</code>"
-        out.append(f"<a href=\"{esc(href)}\">{code}</a>" if href else code)
+        out.append(f"<a href=\"{esc(url)}\">{code}</a>" if url else code)
         pos = m.end()
     out.append(esc(text[pos:]))
     return "".join(out)

@@ -330,6 +330,40 @@ def slot_path(dest: str, number: int) -> str:
     return dest if number == 1 else f"{dest}.{number}"
 
 
+MAX_STATE_BYTES = 64 << 20        # the record of 40,000 files is ~6 MB
+
+
+def own_file(folder: str, name: str, flags: int) -> int:
+    """A descriptor of launch's own file `name` in a copy (the lock, the record), where the
+    job can write too: never through a link (O_NOFOLLOW), never waiting on a FIFO
+    (O_NONBLOCK), a regular file or OSError. launch_node/worker.py opens them the same way."""
+    fd = os.open(os.path.join(folder, name), flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{name} is not a regular file")
+    return fd
+
+
+def read_own_file(folder: str, name: str, limit: int = MAX_STATE_BYTES) -> bytes:
+    """The whole of launch's own file `name` (own_file), at most `limit` bytes."""
+    fd = own_file(folder, name, os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_size > limit:
+            raise OSError(errno.EFBIG, f"{name} is larger than {limit} bytes")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise OSError(errno.EFBIG, f"{name} is larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class Copy:
     """One managed folder (DEST or a sibling) and its record of what launch wrote."""
 
@@ -341,11 +375,12 @@ class Copy:
     def load(self) -> Copy:
         """Read the record (under the lock: it is replaced whole, never edited in place)."""
         try:
-            with open(os.path.join(self.path, STATE)) as f:
-                state = json.load(f)
+            # A record the job replaced (a link, a FIFO, an endless file) is no record: the
+            # copy is compared whole, and the next record is renamed over what is there.
+            state = json.loads(read_own_file(self.path, STATE))
             if not isinstance(state, dict) or state.get("version") != 1:
                 raise ValueError
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             state = {"version": 1, "digest": "", "written_ns": 0, "files": {}, "links": {},
                      "dirs": {}}
         self.state = state
@@ -353,7 +388,23 @@ class Copy:
 
     def lock(self, how: int) -> bool:
         if self.lock_fd < 0:
-            self.lock_fd = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                self.lock_fd = own_file(self.path, LOCK, os.O_RDWR | os.O_CREAT)
+            except OSError as err:
+                # The job put something else in the lock's place (a link out of the copy, a
+                # FIFO): the name is launch's, so that goes and a fresh lock takes its place.
+                if err.errno not in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
+                    raise
+                try:
+                    os.unlink(os.path.join(self.path, LOCK))
+                except OSError:
+                    pass
+                try:
+                    self.lock_fd = own_file(self.path, LOCK,
+                                            os.O_RDWR | os.O_CREAT | os.O_EXCL)
+                except OSError as again:
+                    raise ShipError(f"{os.path.join(self.path, LOCK)} is not launch's lock "
+                                    f"file and cannot be replaced: {again.strerror}") from None
         try:
             fcntl.flock(self.lock_fd, how)
             return True

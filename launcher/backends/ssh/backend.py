@@ -87,9 +87,31 @@ def plan_inventory(request: RunRequest, nodes: list[Node], facts: dict | None = 
             extra_env=facts[n.name].env if facts else {},
             workdir=_on_node(home, shipped_to(n, job.workdir, facts)) if job.workdir else None,
             checkpoint_dir=posixpath.join(posixpath.dirname(run_dir), "checkpoints"))
-    return plan_request(request, nodes, placements,
+    plan = plan_request(request, nodes, placements,
                         rdzv_port=request.rdzv_port or request.recipe.rendezvous.port, uid=uid,
                         attempt=attempt, notes=tuple(notes))
+    sendable(plan)
+    return plan
+
+
+def sendable(plan: RunPlan) -> None:
+    """Over SSH a node's command is one line of UTF-8 text (the remote shell's): an argument
+    or a variable's value holding bytes that are not UTF-8 (a file name from another system;
+    --local and Slurm pass such bytes as they are) is refused before anything starts, naming
+    it, rather than failing in the middle of a start with a codec error."""
+    for command in plan.nodes:
+        named = [(f"argument {arg!a}", arg) for arg in command.argv] + \
+                [(f"the value of {key!a}" if key in command.masked
+                  else f"{key}={value!a}", f"{key}={value}")
+                 for key, value in command.env.items()]
+        for what, text in named:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LauncherError(
+                    f"node {command.name}: {what} holds bytes that are not UTF-8, which a "
+                    "command line over SSH cannot carry: rename what it names, or give it "
+                    "through a file in the workdir") from None
 
 
 ATTACHED = {
