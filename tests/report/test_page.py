@@ -115,7 +115,8 @@ def test_a_hang_and_its_restart_are_on_the_time_line_with_the_stacks_linked(runs
     assert "hang found at 17.2 s (no step for 10 s)" in timeline
     assert timeline.count("exit 0") == 2 and {"node0", "node1"} <= set(timeline)
     assert "seconds since the run started (it took 26.6 s)" in timeline
-    assert page.links == ["hang/node0.rank0.txt", "hang/node1.rank1.txt"]
+    # Run-relative links, the only kind the page makes (report/page.py href).
+    assert page.links == ["./hang/node0.rank0.txt", "./hang/node1.rank1.txt"]
     assert all((run_dir / link).is_file() for link in page.links)
     # The curves show both attempts: the steps redone after the resume overlap the first.
     assert {"attempt 1", "attempt 2"} <= set(page.figures["plot-loss"])
