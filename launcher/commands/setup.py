@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
     inventory = inventory_of(args)
     if args.syntax_check:
-        return syntax_check(inventory)
+        # -e takes part: a variable can decide what a playbook includes.
+        return syntax_check(inventory, extra_vars=parse_extra_vars(args.extra_vars))
     if args.verify and args.tags:
         raise LauncherError("--verify runs the node checks only: drop --tags")
     extra_vars = parse_extra_vars(args.extra_vars)

@@ -30,7 +30,7 @@ SETUP_LOG = "setup.log"
 SETUP_SCRIPT = r"""key=$1
 shift
 marker=""" + SETUP_MARKER + r"""
-if [ -f "$marker" ] && [ "$(cat "$marker" 2>/dev/null)" = "$key" ]; then
+if [ -f "$marker" ] && [ ! -L "$marker" ] && [ "$(head -c 64 "$marker" 2>/dev/null)" = "$key" ]; then
   echo "launch: setup skipped: it succeeded here before with this workdir and these commands"
   exit 0
 fi
@@ -57,10 +57,20 @@ def setup_key(workdir_digest: str | None, commands: tuple[str, ...] | list[str])
 
 
 # argv: the lock file, the script, then its own arguments: the script under the folder's lock
-# (flock, where util-linux is installed), so that nodes sharing the folder take turns.
-LOCKED = ('lock=$1; body=$2; shift 2; if command -v flock >/dev/null 2>&1; then '
-          'exec flock "$lock" sh -c "$body" launch-setup "$@"; fi; '
-          'exec sh -c "$body" launch-setup "$@"')
+# (flock, where util-linux is installed), so that nodes sharing the folder take turns. The
+# folder is the job's too: a link or a FIFO a job left in the lock's place is removed first
+# (flock would create a file through the link, or wait forever opening the FIFO); a folder
+# there is refused. The marker is read only as a regular file that is not a link, 64 bytes
+# of it; it is removed before setup runs and written anew after.
+LOCKED = r"""lock=$1; body=$2; shift 2
+if [ -d "$lock" ] && [ ! -L "$lock" ]; then
+  printf 'launch: %s/%s is a folder, not launch'"'"'s setup lock: remove it\n' "$PWD" "$lock" >&2
+  exit 97
+fi
+if [ -L "$lock" ] || { [ -e "$lock" ] && [ ! -f "$lock" ]; }; then rm -f -- "$lock" || exit 97; fi
+if command -v flock >/dev/null 2>&1; then exec flock "$lock" sh -c "$body" launch-setup "$@"; fi
+exec sh -c "$body" launch-setup "$@"
+"""
 
 
 def setup_argv(key: str, commands: tuple[str, ...] | list[str]) -> list[str]:

@@ -230,14 +230,24 @@ def parse_iso(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
 
 
+# The longest TTL launch writes: ten years. Digits alone can say more than a date can hold (a
+# 400-digit number of hours is infinity as a float, and no expiry date at all).
+MAX_TTL_HOURS = 10 * 366 * 24
+
+
 def parse_duration(text: str) -> float:
     """'8h', '90m', '2d' or a bare number of hours -> hours."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhd]?)\s*", str(text))
     if not match:
         raise ProvisionSpecError(
             f"--ttl {text!r} is not a duration: use hours (8), or 90m, 8h, 2d; 0 for no expiry")
-    value = float(match.group(1))
-    return value * {"m": 1 / 60, "h": 1.0, "d": 24.0, "": 1.0}[match.group(2)]
+    value = float(match.group(1)[:40])   # enough digits to tell it is too long
+    hours = value * {"m": 1 / 60, "h": 1.0, "d": 24.0, "": 1.0}[match.group(2)]
+    if len(match.group(1).split(".")[0]) > 30 or hours > MAX_TTL_HOURS:
+        raise ProvisionSpecError(
+            f"--ttl {shown(text)} is longer than launch sets an expiry (at most "
+            f"{MAX_TTL_HOURS // 24}d); 0 for no expiry")
+    return hours
 
 
 def validate_cluster_name(name: str) -> str:

@@ -393,7 +393,8 @@ def apply_playbook(inventory: Path, *, check: bool = False, tags: list[str] | No
     return SetupRun(rc, report, run_dir)
 
 
-def syntax_check(inventory: Path, out: TextIO | None = None) -> int:
+def syntax_check(inventory: Path, out: TextIO | None = None,
+                 extra_vars: dict | None = None) -> int:
     """`launch setup --syntax-check`: ansible-playbook's --syntax-check of the bundled site.yml
     with this inventory: the playbooks parse, their roles are found, the inventory loads. It
     reaches no host, so it answers on any machine whether launch's playbooks are usable there."""
@@ -405,7 +406,8 @@ def syntax_check(inventory: Path, out: TextIO | None = None) -> int:
     out.write(f"launch setup --syntax-check: {playbooks / PLAYBOOK} with {inventory}\n"
               f"  (by {ansible_playbook})\n")
     proc = subprocess.run(
-        [ansible_playbook, "--syntax-check", "-i", str(inventory), PLAYBOOK], cwd=playbooks,
+        [ansible_playbook, "--syntax-check", "-i", str(inventory),
+         *(["-e", json.dumps(extra_vars)] if extra_vars else []), PLAYBOOK], cwd=playbooks,
         env={**os.environ, "ANSIBLE_CONFIG": str(playbooks / "ansible.cfg"),
              "ANSIBLE_NOCOLOR": "1"},
         stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)

@@ -80,6 +80,13 @@ CASES = [
          {"inv.yml": inventory({"launch_market": "spot"})}),
     Case("market-on-demand", RI + ["--dry-run"], 0, "10.9.9.1",
          {"inv.yml": inventory(all_vars={"launch_market": "on-demand"})}),
+    # `launch setup --syntax-check` reads -e as a real setup does (it used to drop it).
+    Case("syntax-check-reads-extra-vars", ["setup", "-i", "inv.yml", "--syntax-check", "-e",
+                                           "@missing.yml"], 2, "-e @missing.yml:",
+         {"inv.yml": inventory()}),
+    Case("syntax-check-malformed-extra-var", ["setup", "-i", "inv.yml", "--syntax-check",
+                                              "-e", "not a var"], 2,
+         "-e 'not a var': expected KEY=VALUE or @FILE", {"inv.yml": inventory()}),
 ]
 
 

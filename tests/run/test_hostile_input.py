@@ -161,6 +161,10 @@ CASES = [
     *[Case(f"ttl-{ttl}", ["provision", "--instance", "p4d.24xlarge", f"--ttl={ttl}",
                           "--dry-run"], 2, f"--ttl '{ttl}' is not a duration")
       for ttl in ("nan", "inf", "1e12")],
+    # Digits a float holds as infinity, and a finite TTL past any expiry date launch writes.
+    *[Case(f"ttl-{name}", ["provision", "--instance", "p4d.24xlarge", f"--ttl={ttl}",
+                           "--dry-run"], 2, "is longer than launch sets an expiry")
+      for name, ttl in (("400-digits", "9" * 400), ("a-million-days", "1000000d"))],
     Case("ledger-is-a-list", ["teardown", "--cluster", "x"], 2, "not a ledger launch wrote",
          {"home/clusters/x/ledger.json": "[1, 2]"}),
 ]
