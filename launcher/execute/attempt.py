@@ -264,22 +264,25 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         display.message(f"warning: could not write the summary in {folder.root}: "
                         f"{err.strerror or err}")
     timeline.begin("report")
+    report = None
     try:  # the import too: a report bug, however deep, must never hide the run's outcome
         from launcher.report.build import print_run_report, write_run_report
 
         if outcome.status in ("interrupted", "stopped"):
-            write_run_report(folder.root)   # kept, not shown: no advice after a Ctrl-C
+            report = write_run_report(folder.root)   # kept, not shown: no advice after a Ctrl-C
         else:
-            print_run_report(folder.root)
+            report = print_run_report(folder.root)
     except Exception as err:  # noqa: BLE001
         display.message(f"warning: no run report ({type(err).__name__}: {err}); "
                         f"`launch report {folder.root}` retries it")
-    # The report's own time too: summary.json's timeline then ends at the report's write (the
-    # page shows it up to the summary's).
+    # The report's own time too: summary.json's timeline then ends at the report's write, and
+    # report.json carries it as `launch report` rebuilds it from the summary (the page and
+    # report.md show it as it stood when they were written).
     summary["timeline"] = timeline_of(timeline, summary, outcome)
     try:
         folder.write_json("summary.json", summary)
-        _final_timeline_in_report(folder, summary["timeline"])
+        if report is not None and "timeline" in report:
+            folder.write_json("report.json", {**report, "timeline": summary["timeline"]})
     except OSError:
         pass   # said above, when the first write failed
     if outcome.status == "succeeded":
@@ -306,24 +309,6 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = 128 + signal.SIGTERM
     raise RunFailed("\n".join(lines), exit_code=code)
-
-
-def _final_timeline_in_report(folder: RunFolder, timeline: dict[str, Any]) -> None:
-    """report.json gets the final timeline too, as `launch report` rebuilds it from the summary
-    (the page and report.md show it as it stood when they were written)."""
-    import json
-
-    from launcher.core import safefile
-
-    path = folder.root / "report.json"
-    try:
-        report = json.loads(safefile.read_bytes(path, "report", max_bytes=64 << 20,
-                                                within=folder.runs, follow=False))
-    except (OSError, ValueError):
-        return   # no report (its failure was said), or not launch's
-    if isinstance(report, dict) and "timeline" in report:
-        report["timeline"] = timeline
-        folder.write_json("report.json", report)
 
 
 def timeline_of(timeline: Timeline, summary: dict[str, Any], outcome: Outcome

@@ -781,8 +781,9 @@ def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) ->
     return report
 
 
-def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
-    """After a run: where the report is, then its warnings (red on a terminal) and advice."""
+def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> dict:
+    """After a run: where the report is, then its warnings (red on a terminal) and advice;
+    returns the report."""
     stream = stream or sys.stdout
     report = write_run_report(run_dir)
     color = stream.isatty()
@@ -794,3 +795,4 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> None:
     for item in report["advice"]:
         stream.write(f"launch: advice: {printable(item)}\n")
     stream.flush()
+    return report

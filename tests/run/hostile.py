@@ -9,10 +9,23 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.cli import main
+
+
+@dataclass
+class CliCase:
+    """One row of a table of `launch` command lines: what it must exit with and say; files
+    written into the case's folder first, `plant(run folder)` tampering with a run first."""
+
+    id: str
+    argv: list[str]
+    code: int
+    says: str | list[str]
+    plant: object = None
+    files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,12 +11,11 @@ written or moved outside the case's folder, no process left.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import pytest
 import yaml
 
-from tests.run.hostile import Guard, check, run_cli
+from tests.run.hostile import CliCase, Guard, check, run_cli
 from tests.run.test_hostile_input import GOOD_INVENTORY, recipe
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,13 +28,8 @@ def inventory(host_vars=None, all_vars=None) -> str:
     return yaml.safe_dump(data)
 
 
-@dataclass
-class Case:
-    id: str
-    argv: list[str]
-    code: int
-    says: str | list[str]
-    files: dict[str, str] = field(default_factory=dict)
+def Case(id: str, argv: list[str], code: int, says, files=None) -> CliCase:  # noqa: A002
+    return CliCase(id, argv, code, says, files=files or {})
 
 
 RI = ["run", "recipe.yml", "-i", "inv.yml", "--nodes", "2"]

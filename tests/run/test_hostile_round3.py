@@ -11,12 +11,11 @@ written or moved outside the case's folder, no process left.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.run.hostile import Guard, check, run_cli
+from tests.run.hostile import CliCase, Guard, check, run_cli
 from tests.run.test_hostile_runfolders import RUN, make_run
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,14 +37,7 @@ def restarts(*records):
 MINIMAL = {"node": "node0", "kind": "crash", "reason": "rank 1 exited 1", "at_time_s": 3.5}
 
 
-@dataclass
-class Case:
-    id: str
-    argv: list[str]
-    code: int
-    says: str | list[str]
-    plant: object = None                              # (run folder) -> None
-    files: dict[str, str] = field(default_factory=dict)
+Case = CliCase
 
 
 CASES = [
