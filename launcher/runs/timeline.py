@@ -74,6 +74,7 @@ class Timeline:
         self.start = clock() if start is None else start
         self._marks: list[tuple[str, float]] = [("start-up", self.start)]
         self._steps: list[Seen] = []
+        self._last_kept: int | None = None
         self._nodes: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
 
@@ -98,9 +99,13 @@ class Timeline:
         """A step the job reported, as launch saw it."""
         at = self.clock() if at is None else at
         with self._lock:
-            self._steps.append(Seen(at, node, step))
             first = self._nodes.setdefault(node, {})
             first.setdefault("first_step_s", at - self.start)
+            # Every rank of every node reports the same step: the first report of each is the
+            # one the accounting reads, so memory grows with the steps, not steps x ranks.
+            if step != self._last_kept:
+                self._last_kept = step
+                self._steps.append(Seen(at, node, step))
 
     def line(self, node: str, rank: str, text: str) -> None:
         """Every line of the job: the steps it reports (LAUNCH_STEP, the trainer's own)."""

@@ -274,7 +274,7 @@ class SshBackend:
         port = request.rdzv_port or request.recipe.rendezvous.port
         apart = head is self.controller_host
         conns, facts = preflight(nodes, request.recipe, self.options, port,
-                                 shipment if apart else controlling)
+                                 shipment if apart else controlling, fanout=self.fanout)
         if apart:
             # A controller host of its own: launch itself shipped there and checked too.
             try:
