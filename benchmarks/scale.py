@@ -156,6 +156,102 @@ def lab_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---- the simulated fleet -------------------------------------------------------------------
+
+def vm(field: str) -> float:
+    """A /proc/self/status figure in MB (VmHWM: peak resident memory; VmRSS: now)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def fleet_one(nodes: int, ranks: int, steps: int, step_s: float) -> dict:
+    """One run of the pipeline against `nodes` stand-ins, in this process (the caller starts
+    a fresh one per size, so that memory and threads are this size's alone)."""
+    import contextlib
+    import resource
+    import threading
+
+    from standin import Script, StandinBackend
+
+    from launcher.job.recipe import recipe_from_mapping
+    from launcher.job.request import RunRequest
+    from launcher.pipeline.run import run_here
+    from launcher.report.display import PlainDisplay
+
+    recipe = recipe_from_mapping({"name": "fleet", "nodes": nodes,
+                                  "job": {"command": ["torchrun", "train.py"]}},
+                                 "benchmarks/scale.py")
+    script = Script(ranks=ranks, steps=steps, step_s=step_s)
+    backend = StandinBackend(nodes, script)
+    peak_threads = [threading.active_count()]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak_threads[0] = max(peak_threads[0], threading.active_count())
+
+    with tempfile.TemporaryDirectory(prefix="launch-fleet-") as tmp, \
+            open(os.devnull, "w") as null:
+        request = RunRequest(recipe, f"fleet-{nodes}", nodes, runs_dir=tmp)
+        threads_before, rss_before = threading.active_count(), vm("VmRSS")
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.monotonic()
+        with contextlib.redirect_stdout(null):
+            summary = run_here(backend, request, display=PlainDisplay(null))
+        wall = time.monotonic() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        done.set()
+        sampler.join()
+        named = {n["name"] for n in summary["nodes"]}
+    if summary["status"] != "succeeded" or len(named) != nodes or \
+            len(script.first_seen) != nodes:
+        raise RuntimeError(f"the stand-in run of {nodes} nodes did not end as it should: "
+                           f"{summary['status']}, {len(script.first_seen)} seen")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"nodes": nodes, "ranks_per_node": ranks, "steps": steps, "step_s": step_s,
+            "all_started_s": max(script.first_seen.values()) - start,
+            "wall_s": wall, "job_s": steps * step_s,
+            "cpu_s": cpu, "cpu_ms_per_node": 1000 * cpu / nodes,
+            "peak_mb": vm("VmHWM"), "rss_before_mb": rss_before,
+            "mb_per_node": (vm("VmHWM") - rss_before) / nodes,
+            "threads_before": threads_before, "peak_threads": peak_threads[0],
+            "threads_per_node": (peak_threads[0] - threads_before) / nodes}
+
+
+def fleet_part(sizes: list[int], ranks: int, steps: int, step_s: float) -> list[dict]:
+    rows = []
+    for nodes in sizes:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--fleet-one", str(nodes), "--ranks", str(ranks),
+             "--steps", str(steps), "--step-s", str(step_s)],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        if proc.returncode != 0:
+            raise RuntimeError(f"the fleet of {nodes} failed:\n{proc.stderr[-3000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"  {nodes} stand-in nodes: all started {r['all_started_s']:.2f} s, peak "
+              f"{r['peak_mb']:.0f} MB, CPU {r['cpu_s']:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def fleet_table(rows: list[dict]) -> str:
+    lines = ["| stand-in nodes (ranks) | all started | wall (job) | launcher CPU | CPU per node "
+             "| peak memory | memory per node | threads (peak) | threads per node |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']} ({r['nodes'] * r['ranks_per_node']}) | {r['all_started_s']:.2f} s "
+            f"| {r['wall_s']:.1f} s ({r['job_s']:.0f} s) | {r['cpu_s']:.1f} s | "
+            f"{r['cpu_ms_per_node']:.1f} ms | {r['peak_mb']:.0f} MB | "
+            f"{1024 * r['mb_per_node']:.0f} KB | {r['peak_threads']} | "
+            f"{r['threads_per_node']:.2f} |")
+    return "\n".join(lines)
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def main() -> int:
@@ -169,8 +265,15 @@ def main() -> int:
                         help="leave out the CPU by kind on the hosts")
     parser.add_argument("--fleet", action="store_true", help="the simulated fleet")
     parser.add_argument("--fleet-nodes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--ranks", type=int, default=8, help="ranks per stand-in node")
+    parser.add_argument("--steps", type=int, default=5, help="steps of the stand-in job")
+    parser.add_argument("--step-s", type=float, default=1.0, help="seconds per stand-in step")
+    parser.add_argument("--fleet-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
+    if args.fleet_one:
+        print(json.dumps(fleet_one(args.fleet_one, args.ranks, args.steps, args.step_s)))
+        return 0
     if not (args.lab or args.fleet):
         args.lab = args.fleet = True
     out = Path(args.out)
@@ -183,9 +286,7 @@ def main() -> int:
         result["lab"] = {**stamp, "sleep_s": args.sleep, "rows": rows}
         tables.append(lab_table(rows))
     if args.fleet:
-        from fleet import fleet_part, fleet_table
-
-        rows = fleet_part(args.fleet_nodes)
+        rows = fleet_part(args.fleet_nodes, args.ranks, args.steps, args.step_s)
         result["fleet"] = {**stamp, "rows": rows}
         tables.append(fleet_table(rows))
     text = "\n\n".join(tables)
