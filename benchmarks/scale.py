@@ -53,11 +53,27 @@ def job_line(sleep_s: float) -> str:
 # ---- the lab part --------------------------------------------------------------------------
 
 def timed_child(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
-                ) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak MB, output) of one process to its end (wait4's rusage)."""
+                ) -> tuple[float, float, float, str, int]:
+    """(wall s, CPU s, peak MB, output, peak threads) of one process to its end (wait4's
+    rusage; its threads looked at every 0.2 s)."""
+    import threading
+
     start = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    threads = [0]
+
+    def look() -> None:
+        while proc.returncode is None:
+            try:
+                text = Path(f"/proc/{proc.pid}/status").read_text()
+                threads[0] = max(threads[0], int(text.split("Threads:")[1].split()[0]))
+            except (OSError, IndexError, ValueError):
+                return
+            time.sleep(0.2)
+
+    looker = threading.Thread(target=look, daemon=True)
+    looker.start()
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -65,8 +81,9 @@ def timed_child(argv: list[str], env: dict[str, str] | None = None, cwd: Path | 
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:6]} exited {proc.returncode}:\n"
                            f"{out.decode(errors='replace')[-3000:]}")
+    looker.join()
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, \
-        out.decode(errors="replace")
+        out.decode(errors="replace"), threads[0]
 
 
 def time_launch(lab: Lab, hosts: int, run_id: str, tmp: Path, sleep_s: float, cpu: bool
@@ -78,10 +95,10 @@ def time_launch(lab: Lab, hosts: int, run_id: str, tmp: Path, sleep_s: float, cp
     argv = [sys.executable, "-m", "launcher", "run", "-i", str(lab.inventory), str(recipe),
             "--nodes", str(hosts), "--run-id", run_id, "--runs-dir", str(tmp / "runs")]
     with overhead.measured_cpu(lab, cpu) as meter:
-        wall, used, peak, out = timed_child(argv, env, tmp)
-    if out.count("done on node") < min(hosts, 8):   # above 8 nodes the screen shows the head's
+        wall, used, peak, out, threads = timed_child(argv, env, tmp)
+    if f"run {run_id} succeeded" not in out:
         raise RuntimeError(f"launch did not run the job everywhere:\n{out[-3000:]}")
-    return {"wall_s": wall, "cpu_s": used, "peak_mb": peak,
+    return {"wall_s": wall, "cpu_s": used, "peak_mb": peak, "threads": threads,
             "nodes_cpu": meter and meter.seconds}
 
 
@@ -119,6 +136,7 @@ def lab_part(host_counts: list[int], sleep_s: float, cpu: bool) -> list[dict]:
                 row = {"hosts": hosts, "plain_s": plain["wall_s"], "launch_s": launch["wall_s"],
                        "ratio": launch["wall_s"] / plain["wall_s"],
                        "launch_peak_mb": launch["peak_mb"], "launch_cpu_s": launch["cpu_s"],
+                       "launch_threads": launch["threads"],
                        "load": os.getloadavg()}
                 if cpu:
                     on_nodes = [k for k in overhead.CPU_ROWS if k not in overhead.HERE]
@@ -135,12 +153,13 @@ def lab_part(host_counts: list[int], sleep_s: float, cpu: bool) -> list[dict]:
 
 
 def lab_table(rows: list[dict]) -> str:
-    lines = ["| hosts | plain ssh fan-out | launch | ratio | launch's peak memory, CPU | load |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| hosts | plain ssh fan-out | launch | ratio | launch's peak memory, CPU, threads "
+             "| load |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['hosts']} | {r['plain_s']:.1f} s | {r['launch_s']:.1f} s | "
                      f"{r['ratio']:.2f}x | {r['launch_peak_mb']:.0f} MB, "
-                     f"{r['launch_cpu_s']:.1f} s | {r['load'][0]:.1f} |")
+                     f"{r['launch_cpu_s']:.1f} s, {r['launch_threads']} | "
+                     f"{r['load'][0]:.1f} |")
     if rows and "node_cpu_per_node" in rows[0]:
         kinds = list(rows[0]["node_cpu_per_node"]["launch"])
         lines += ["", "CPU s per node on the hosts, by kind (launch / plain):", "",
