@@ -27,9 +27,13 @@ On NCCL ranks it also asks the flight recorder for a dump (TORCH_NCCL_DEBUG_INFO
 torchrun then restarts the node's workers, the way it does when one dies.
 `reap`: SIGKILL to every process of this run still on the node, once its agents are gone (a
 job's child that moved to a session of its own, out of reach of the agent's process group).
-`watch`: `heartbeats` or `activity` for every such line on stdin, one JSON line each, until
-stdin ends: the hang watch's looks over one SSH channel kept for the run, each a line instead
-of an interpreter started (launcher/backends/ssh/watcher.py).
+`watch`: `heartbeats`, `activity` or `reap` for every such line on stdin, one JSON line each,
+until stdin ends: the hang watch's looks over one SSH channel kept for the run, each a line
+instead of an interpreter started (launcher/backends/ssh/watcher.py), and the reap after the
+run's end over the same channel.
+launch starts it with `python -S` (no site-packages: it needs only the standard library, and a
+node's site-packages with torch's CUDA wheels has dozens of .pth files and paths to read at
+every start).
 `--node`: only the processes of that launch node (LAUNCH_NODE in their environment): nodes that
 share a machine's processes (local nodes, lab hosts in network namespaces) are told apart.
 
@@ -332,8 +336,11 @@ def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
             answer: Any = read_heartbeats(run_dir)
         elif what == "activity":
             answer = activity(run_dir, stamp, node)
+        elif what == "reap":
+            answer = reap(stamp, node)
         else:
-            print(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, activity)",
+            print(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, activity, "
+                  "reap)",
                   file=sys.stderr)
             return 2
         sys.stdout.write(json.dumps(answer) + "\n")

@@ -212,7 +212,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
             else "your command on each")
     router.message(f"run {plan.run_id}: {plan.nnodes} node(s), {what}; logs in {folder.root}")
     if screen is not None:
-        router.message(screen.opening(len(plan.nodes)))
+        router.screen_message(screen.opening(len(plan.nodes)))
     outcome = None
     try:
         if prepare is not None:

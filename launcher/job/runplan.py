@@ -441,7 +441,10 @@ def plan_run(
             ) + program(place)
         elif place.workdir:
             # The command holds the shipped copy it runs in (launch_node/worker.py exec).
-            argv = [place.python, f"{place.code_dir}/launch_node/worker.py", "exec", *job.args]
+            # -S: worker.py needs only the standard library before it execs the command (the
+            # command's own Python, if any, starts afresh with its site-packages).
+            argv = [place.python, "-S", f"{place.code_dir}/launch_node/worker.py", "exec",
+                    *job.args]
         else:
             argv = list(job.args)
         env, env_from = node_env(recipe, run_id, node, place, nproc)
@@ -460,7 +463,9 @@ def plan_run(
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),
             env=env, run_dir=place.run_dir,
             cwd=place.workdir or place.cwd, instance_type=node.instance_type,
-            probe=(place.python, f"{place.code_dir}/launch_node/node_probe.py"),
+            # -S: no site-packages (node_probe.py needs only the standard library): ~30 ms of
+            # CPU less at each start on every node (more where site-packages hold torch's).
+            probe=(place.python, "-S", f"{place.code_dir}/launch_node/node_probe.py"),
             env_from=env_from, masked=frozenset(recipe.command_line_env),
         ))
     head_place = placements[head.name]

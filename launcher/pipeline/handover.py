@@ -113,8 +113,9 @@ def finish(home, end: dict[str, Any]) -> dict[str, Any]:
 
 
 def attach(home, display=None, *, on_signal: str = "detach",
-           out=None, err=None) -> dict[str, Any]:
-    """The run's console replayed here from its start until its end event (returned). A
+           out=None, err=None, all_lines: bool = False) -> dict[str, Any]:
+    """The run's console replayed here from its start until its end event (returned), with
+    every node's line where `all_lines` (a many-node run's screen shows fewer). A
     signal (Ctrl-C) detaches (`on_signal="detach"`: the run goes on) or asks the run to stop
     and goes on following it until it ended (`"stop"`; a second one stops it at once)."""
     display = display or make_display()
@@ -141,7 +142,7 @@ def attach(home, display=None, *, on_signal: str = "detach",
                     if event["k"] == "end":
                         end = event
                         break
-                    replay(event, display, out, err)
+                    replay(event, display, out, err, all_lines)
                 if end is not None:
                     break
                 if request.count > asked:

@@ -231,7 +231,11 @@ def _bench_folders(run_dir: Path, names: list[str]) -> list[Path]:
     found = []
     for sibling in safefile.listdir(runs, within=runs.parent):
         path = runs / sibling / BANDWIDTH_JSON
-        info = safefile.lstat(path, within=runs) if sibling != run_dir.name else None
+        try:
+            # A file of the user's beside the run folders (not a folder) is no bench either.
+            info = safefile.lstat(path, within=runs) if sibling != run_dir.name else None
+        except LauncherError:
+            continue
         if info is None:
             continue
         try:

@@ -3,7 +3,12 @@ line, written by the run's controller and replayed by `launch attach` onto the t
 runs in (the live view included), from any offset, as often as anyone attaches.
 
     {"k": "line", "node": N, "rank": R, "text": T}   a node's line, as the terminal shows it
+        "off": true                                 ... one the many-node screen keeps off the
+                                                    terminal (launcher/runs/screen.py): shown
+                                                    by `launch attach --all-lines` only
     {"k": "msg", "text": T}                         launch's own line ("launch: ...")
+        "screen": true                              ... about that screen: left out by
+                                                    `launch attach --all-lines`
     {"k": "progress", "step", "total", "loss", "ips"}   the trainer's progress bar
     {"k": "out", "fd": 1|2, "text": T}              anything else the controller printed
     {"k": "end", "code": C, "status": S, "message": M}   the run is over: its exit code, and the
@@ -62,8 +67,14 @@ class StreamDisplay:
         self.writer.event("progress", step=progress.step, total=progress.total,
                           loss=progress.loss, ips=progress.images_per_sec)
 
+    def line_off(self, node: str, rank: str, text: str) -> None:
+        self.writer.event("line", node=node, rank=rank, text=text, off=True)
+
     def message(self, text: str) -> None:
         self.writer.event("msg", text=text)
+
+    def screen_message(self, text: str) -> None:
+        self.writer.event("msg", text=text, screen=True)
 
     def close(self) -> None:
         pass
@@ -121,9 +132,14 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def replay(event: dict[str, Any], display, out: TextIO, err: TextIO) -> None:
-    """One event onto this terminal's display."""
+def replay(event: dict[str, Any], display, out: TextIO, err: TextIO,
+           all_lines: bool = False) -> None:
+    """One event onto this terminal's display: as the run's own terminal showed it, or with
+    every line of a many-node run (`all_lines`) and without launch's words about what its
+    screen kept off."""
     kind = event["k"]
+    if (event.get("off") and not all_lines) or (event.get("screen") and all_lines):
+        return
     if kind == "line":
         display.line(_text(event.get("node", "?")), _text(event.get("rank", "?")),
                      _text(event.get("text", "")))

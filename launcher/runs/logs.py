@@ -298,6 +298,10 @@ class LineRouter:
         self._skipped: dict[str, int] = {}         # lines the terminal could not keep up with
         self._lock = threading.Lock()
         self._shown: queue.Queue = queue.Queue(maxsize=backlog)
+        self._backlog = backlog
+        # A display that keeps the lines the screen leaves out apart (a detached run's
+        # console, launcher/runs/console.py) gets them too, marked as such.
+        self._keeps_off = screen is not None and hasattr(display, "line_off")
         self._shower = threading.Thread(target=self._show, name="display", daemon=True)
         self._shower.start()
 
@@ -318,6 +322,8 @@ class LineRouter:
                 if len(shown_now) > 1 or not shown_now or self._on_screen(node, rank, text):
                     for rank_shown, text_shown in shown_now:
                         self._show_line(node, rank_shown, text_shown)
+                elif self._keeps_off:
+                    self._keep_off(node, rank, text)
         if self.steps is not None and label is None:
             # torchrun's own lines too: a job's command may start workers without --tee, whose
             # lines then carry no rank prefix.
@@ -330,6 +336,17 @@ class LineRouter:
             self._shown.put_nowait(("line", node, rank, text))
         except queue.Full:
             self._skipped[node] = self._skipped.get(node, 0) + 1
+
+    def _keep_off(self, node: str, rank: str, text: str) -> None:
+        """A line the screen keeps off, to a display that keeps it apart (a detached run's
+        console: `launch attach --all-lines` shows it). Only while the queue is less than half
+        full: the lines the screen shows keep their room, and one a flood left out is still in
+        the node's log."""
+        if self._shown.qsize() < self._backlog // 2:
+            try:
+                self._shown.put_nowait(("off", node, rank, text))
+            except queue.Full:
+                pass
 
     def _on_screen(self, node: str, rank: str, text: str) -> bool:
         return self._screen is None or self._screen.shows(
@@ -351,6 +368,11 @@ class LineRouter:
         """launch's own line, in order with the nodes' lines on the terminal."""
         self._shown.put(("message", text))
 
+    def screen_message(self, text: str) -> None:
+        """launch's line about the many-node screen itself (what it keeps off): a view of
+        every line (`launch attach --all-lines`) leaves it out."""
+        self._shown.put(("screen", text))
+
     def _show(self) -> None:
         while True:
             item = self._shown.get()
@@ -358,6 +380,12 @@ class LineRouter:
                 return
             if item[0] == "message":
                 self.display.message(item[1])
+                continue
+            if item[0] == "screen":
+                getattr(self.display, "screen_message", self.display.message)(item[1])
+                continue
+            if item[0] == "off":
+                self.display.line_off(*item[1:])
                 continue
             _, node, rank, text = item
             self.display.line(node, rank, text)
@@ -405,7 +433,7 @@ class LineRouter:
                          + ", ".join(f"{n} {c} line(s) ({self._paths[n]})"
                                      for n, c in hidden.items()))
         if kept_off:
-            self.message(kept_off)
+            self.screen_message(kept_off)
         self._shown.put(None)
         self._shower.join()
         for f in self._files.values():

@@ -96,6 +96,10 @@ class StepLines:
         self.clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
+        # How many ranks are at each step: the slowest rank's step is the least key, found
+        # without walking every rank at every line (8,192 ranks made that O(ranks^2) per step:
+        # minutes of CPU under the lock every reader takes, issue 37).
+        self._at_step: dict[int, int] = {}
         self._judged = -1
         self._streak: dict[tuple[str, str], int] = {}
         self._ratios: dict[tuple[str, str], list[float]] = {}
@@ -132,7 +136,9 @@ class StepLines:
                 self.last_step_at = now
             key = (node, rank)
             state = self._ranks.setdefault(key, _Rank())
-            state.step = max(state.step, step.step)
+            if step.step > state.step:
+                self._moved(state.step, step.step)
+                state.step = step.step
             if step.loss is not None:
                 state.loss = step.loss
             if step.busy_s is not None:
@@ -144,11 +150,24 @@ class StepLines:
                     "step": step.step, "loss": step.loss, "busy_s": step.busy_s,
                     "samples": step.samples, "t": round(time.time() - self._started, 3)}) + "\n")
 
+    def _moved(self, before: int, now: int) -> None:
+        """A rank went from step `before` (-1: its first LAUNCH_STEP line) to `now`."""
+        if before >= 0:
+            left = self._at_step[before] - 1
+            if left:
+                self._at_step[before] = left
+            else:
+                del self._at_step[before]
+        self._at_step[now] = self._at_step.get(now, 0) + 1
+
     def _judge(self) -> None:
         """Every block that all ranks have left behind, once, in order."""
         if len(self._ranks) < 2:
             return
-        done = min(r.step for r in self._ranks.values()) // BLOCK - 1
+        # The steps ranks are at are few (the ranks move together): not a walk of every rank.
+        done = min(self._at_step) // BLOCK - 1
+        if done <= self._judged:
+            return      # no block newly left behind by every rank
         # The blocks that hold busy times, not every number up to `done`: a job that jumps
         # to step 10^12 costs one pass, not 10^11 (this runs under the lock every line takes).
         held = sorted({b for r in self._ranks.values() for b in r.blocks

@@ -183,7 +183,8 @@ def ship_ssh(conn: Connection, manifest: Manifest, dest: str, *, python: str,
         return failure(f"{python} exited {status}: {last}")
 
     try:
-        channel.exec_command(remote(python, "-c", NODE_SOURCE, "serve", dest))
+        # -S: node.py needs only the standard library; no site-packages read at its start.
+        channel.exec_command(remote(python, "-S", "-c", NODE_SOURCE, "serve", dest))
         if not link.skip_to_magic():
             raise node_gone()
         link.send_frame({"entries": manifest.wire_entries(), "digest": manifest.digest,

@@ -87,7 +87,7 @@ def test_a_command_has_no_torchrun_and_no_store_and_knows_its_nodes():
     assert plan.store is None
     # The command holds its workdir copy while it runs (launch_node/worker.py exec).
     assert [c.argv for c in plan.nodes] == \
-        [("/v/bin/python", "/c/launch_node/worker.py", "exec", "deepspeed", "t.py")] * 3
+        [("/v/bin/python", "-S", "/c/launch_node/worker.py", "exec", "deepspeed", "t.py")] * 3
     env = plan.nodes[2].env
     assert (env["LAUNCH_NODE_RANK"], env["LAUNCH_NUM_NODES"], env["LAUNCH_NODE_ADDRS"],
             env["LAUNCH_HEAD_ADDR"], env["LAUNCH_RDZV_PORT"], env["LAUNCH_GPUS_PER_NODE"]) == \

@@ -284,8 +284,9 @@ def test_a_command_starts_its_own_torchrun_from_the_launch_variables(run_launch,
     plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
     # Launch's worker entry holds the shipped copy, then becomes the command: no torchrun.
     argv = plan["nodes"][0]["argv"]
-    assert plan["store"] is None and argv[1].endswith("launch_node/worker.py")
-    assert argv[2:4] == ["exec", "bash"]
+    # -S: the entry needs no site-packages (the command's own Python starts afresh).
+    assert plan["store"] is None and argv[1] == "-S"
+    assert argv[2].endswith("launch_node/worker.py") and argv[3:5] == ["exec", "bash"]
     assert not run_pids("cmd")
 
 

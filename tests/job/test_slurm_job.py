@@ -125,9 +125,9 @@ def test_a_command_with_its_own_launcher_restarted_as_a_new_step(slurm_lab, run_
     # No torchrun of launch's and no rendezvous store: the command brought its own.
     plan = json.loads((project / "runs" / "cmd" / "plan.json").read_text())
     assert plan["store"] is None
-    assert plan["nodes"][0]["argv"][1:4] == [
-        plan["nodes"][0]["argv"][1], "exec", "bash"] and \
-        plan["nodes"][0]["argv"][1].endswith("launch_node/worker.py")
+    argv = plan["nodes"][0]["argv"]
+    assert argv[1] == "-S" and argv[2].endswith("launch_node/worker.py") and \
+        argv[3:5] == ["exec", "bash"]
     assert job_processes(slurm_lab) == {}
 
 

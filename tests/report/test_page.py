@@ -12,7 +12,7 @@ import pytest
 
 from launcher.report.build import write_run_report
 from launcher.report.page import svg
-from launcher.report.plots import rank_split_plot
+from launcher.report.plots import job_busy_plot, rank_split_plot
 from tests.nccl.runfolders import build_runs
 from tests.report.browser import Page, open_page, well_formed
 
@@ -207,6 +207,20 @@ def test_of_many_ranks_the_stragglers_and_the_slowest_are_drawn():
     assert drawn == {3, *range(33, 64)} and sentence is None
     assert "where each rank's step went (32 slowest of 64 ranks drawn)" in text
     assert "straggler: rank 3 on n0 (1.4x)" in text
+
+
+def test_a_user_job_s_rank_plot_of_thousands_of_ranks_draws_the_slowest():
+    """1,024 nodes of 8 ranks once drew 8,192 bars and labels (minutes of matplotlib at the
+    end of the run, issue 37): the straggler and the slowest ranks are drawn, as above."""
+    ranks = {f"node{n:04d}/{r}": {"step": 5, "busy_s_median": 0.1 + (n * 8 + r) * 1e-6}
+             for n in range(1024) for r in range(8)}
+    stragglers = [{"node": "node0000", "local_rank": "3", "ratio": 1.4}]
+    fig, sentence = job_busy_plot(ranks, stragglers)
+    text = svg(fig, "plot-rank-busy")
+    drawn = set(re.findall(r">(node\d{4}/\d)<", text))
+    slowest = [f"node{i // 8:04d}/{i % 8}" for i in range(8192 - 31, 8192)]
+    assert drawn == {"node0000/3", *slowest} and sentence is None
+    assert "(32 slowest of 8192 ranks drawn)" in text
 
 
 def test_where_comm_hook_auto_decided_is_marked(runs, browser):

@@ -100,7 +100,7 @@ def test_plan_is_exactly_one_torchrun_per_node(n, gpus, cpus, nproc, omp):
     for i, command in enumerate(plan.nodes):
         assert list(command.argv) == expected_argv(n, nproc, i)
         assert command.env == expected_env(i, omp, gpus, n)
-        assert list(command.probe) == ["/opt/launch/venv/bin/python",
+        assert list(command.probe) == ["/opt/launch/venv/bin/python", "-S",
                                        "/srv/run/code/launch_node/node_probe.py"]
     assert plan.recovery.restarts == 0 and plan.recovery.hang_timeout_s is None
     assert plan.store.name == "gpu0"

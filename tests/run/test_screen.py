@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from launcher.report.display import PlainDisplay
+from launcher.runs.console import CONSOLE, ConsoleWriter, EventReader, StreamDisplay, replay
 from launcher.runs.logs import LineRouter, failure_excerpt
 from launcher.runs.screen import (SCREEN_ALL_NODES_ENV, ScreenFilter, is_error_line,
                                   screen_filter_on)
@@ -180,3 +181,64 @@ def test_the_failure_message_shows_the_failing_node_s_lines_kept_off_the_screen(
             f"{tmp_path / 'runs' / 'bad' / 'node2' / 'node.log'}):\n"
             "  node2/agent: chatter from node 2\n"
             "  node2/agent: ValueError: bad shard 2\n") in proc.stderr
+
+
+def test_a_detached_run_s_console_keeps_the_lines_off_the_screen_for_attach_all_lines(tmp_path):
+    """A detached run's controller writes its terminal to console.jsonl: the lines its screen
+    keeps off are there too, marked; replayed, the plain view is the run's own terminal and
+    the --all-lines view has every line and none of launch's words about the screen."""
+    names = ["node0", "node1", "node2"]
+    logs = {n: tmp_path / "run" / n / "node.log" for n in names}
+    (tmp_path / "run").mkdir()
+    writer = ConsoleWriter(tmp_path / "run" / CONSOLE)
+    router = LineRouter(logs, StreamDisplay(writer), head="node0", screen=ScreenFilter("node0"))
+    router.screen_message(ScreenFilter("node0").opening(3))
+    for i in range(3):
+        for node in names:
+            router.line(node, f"[default0]:chatter {i} of {node}")
+    router.line("node2", "[default0]:ValueError: bad shard 2")
+    router.message("node node2 exited with code 1; stopping the other nodes")
+    router.close()
+    writer.close()
+
+    def view(all_lines: bool) -> list[str]:
+        terminal = io.StringIO()
+        display = PlainDisplay(terminal)
+        for event in EventReader().feed((tmp_path / "run" / CONSOLE).read_bytes()):
+            replay(event, display, terminal, terminal, all_lines)
+        return terminal.getvalue().splitlines()
+
+    plain, every = view(False), view(True)
+    assert [s for s in plain if not s.startswith("launch:")] == \
+        [f"node0/0: chatter {i} of node0" for i in range(3)] + \
+        ["node2/0: ValueError: bad shard 2"]
+    assert plain[0].startswith("launch: 3 nodes: the terminal shows node0's lines")
+    assert plain[-1].startswith("launch: lines kept off the terminal are in their logs only: "
+                                "node1 3 line(s), node2 3 line(s)")
+    assert [s for s in every if not s.startswith("launch:")] == \
+        [f"{n}/0: chatter {i} of {n}" for i in range(3) for n in names] + \
+        ["node2/0: ValueError: bad shard 2"]
+    assert not [s for s in every if "kept off" in s or "the terminal shows" in s]
+    assert "launch: node node2 exited with code 1; stopping the other nodes" in every
+
+
+def test_launch_attach_all_lines_shows_every_line_of_a_detached_many_node_run(run_launch,
+                                                                              tmp_path):
+    """`launch run --local --detach` of 3 nodes with the threshold at 2: `launch attach` shows
+    what the run's terminal would have (the head, the errors, the counts at the end); `launch
+    attach --all-lines` every node's lines."""
+    env = {SCREEN_ALL_NODES_ENV: "2"}
+    proc = run_launch("run", "--local", str(_recipe(tmp_path)), "--run-id", "det", "--detach",
+                      env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plain = run_launch("attach", "det", env=env, timeout=120)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
+    assert "node0/agent: chatter from node 0" in plain.stdout
+    assert "node1/agent: ERROR: disk almost full on node 1" in plain.stdout
+    assert "chatter from node 1" not in plain.stdout and "chatter from node 2" not in plain.stdout
+    assert "lines kept off the terminal are in their logs only: node1 1 line(s)" in plain.stdout
+    every = run_launch("attach", "det", "--all-lines", env=env, timeout=120)
+    assert every.returncode == 0, every.stdout[-3000:] + every.stderr[-3000:]
+    assert all(f"node{i}/agent: chatter from node {i}" in every.stdout for i in range(3))
+    assert "node1/agent: ERROR: disk almost full on node 1" in every.stdout
+    assert "kept off the terminal" not in every.stdout and "--all-lines" not in every.stdout

@@ -221,8 +221,10 @@ class SshNodeProcess:
         return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
 
     def reap(self) -> dict[str, Any]:
-        """Every process of the run still on the node, killed (after its agent ended)."""
-        return self._probe("reap", "--stamp", self.stamp, "--node", self.name, timeout=30)
+        """Every process of the run still on the node, killed (after its agent ended): asked
+        of the hang watch's watcher kept for the run (no interpreter started for it on every
+        node at every run's end), or of one started now where none was."""
+        return self._watcher.ask("reap", timeout=30)
 
     def close(self) -> None:
         """The node watcher, and connections this process opened again (the original belongs

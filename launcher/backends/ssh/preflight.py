@@ -11,7 +11,7 @@ what it reads back from there. The code once went first by SFTP (a mkdir, a sess
 per file: 0.30 s of a 2-host launch's 1.0 s over a plain ssh fan-out,
 benchmarks/launch_overhead.py). The probe imports torch only when its cached facts no longer
 fit (measured on the 8-host lab: the probe's torch import was most of launch's overhead over a
-bare ssh fan-out).
+bare ssh fan-out), and never for a `command:` job (needs_torch), which it runs with -S.
 """
 
 from __future__ import annotations
@@ -122,7 +122,19 @@ def cached_torch_facts():
         pass
     return facts
 
-out.update(cached_torch_facts())
+# A job that is not torch's (a `command:`): the GPUs the driver lists, as many as
+# CUDA_VISIBLE_DEVICES leaves, without torch (its import: ~1.5 s of CPU where not cached).
+def driver_facts():
+    try:
+        gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = min(gpus, len([d for d in visible.split(",") if d.strip()]))
+    return {"gpus": gpus, "gpus_from": "driver"}
+
+out.update(cached_torch_facts() if args.get("torch", True) else driver_facts())
 try:
     listing = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
     out["addresses"] = []
@@ -214,9 +226,16 @@ print("LAUNCH-PROBE " + json.dumps(out))
 """
 
 
+def needs_torch(job) -> bool:
+    """Whether preflight asks the node's interpreter for torch (its version, CUDA, the GPUs it
+    sees): every job torchrun starts; not a `command:`, which brings its own launcher (its
+    nodes need no torch in launch_python, and the GPU count is the driver's)."""
+    return job is None or job.uses_torchrun
+
+
 @dataclass(frozen=True)
 class NodeFacts:
-    torch: str
+    torch: str | None            # None: not asked (a job that is not torch's)
     cuda: str | None
     gpus: int
     cpus: int
@@ -242,16 +261,23 @@ class NodeProbe:
 
     def __init__(self, conn: Connection, node: Node, port: int,
                  code: tuple[str, list[str]] | None = None, unpack_to: str | None = None,
-                 controller_key: str | None = None):
+                 controller_key: str | None = None, needs_torch: bool = True):
         args: dict = {"addr": node.private_address, "port": port, "env_file": node.env_file}
         if controller_key is not None:
             args["controller_key"] = controller_key
+        # A job that is not torch's (a `command:`, on a node that is no controller): neither
+        # torch's facts nor site-packages (-S: the probe then uses the standard library only;
+        # a site-packages with torch's CUDA wheels is dozens of .pth files read at each start).
+        bare = not needs_torch and controller_key is None
+        if bare:
+            args["torch"] = False
         if code:
             args.update(code_dir=code[0], files=code[1])
         if unpack_to:
             args["unpack"] = unpack_to
         self.node, self.unpacks = node, unpack_to is not None
-        self.started = Started(conn, remote(node.python, "-c", PROBE, json.dumps(args)))
+        self.started = Started(conn, remote(node.python, *(["-S"] if bare else []), "-c",
+                                            PROBE, json.dumps(args)))
 
     def close(self) -> None:
         self.started.close()
@@ -305,8 +331,9 @@ def check_node(node: Node, facts: dict, is_head: bool, port: int,
                                                f"({facts['torch_error']}): run `launch setup` or "
                                                "point launch_python at an interpreter with torch"))
     if node.gpus is not None and facts.get("gpus", 0) < node.gpus:
-        problems.append(HostProblem(node.name, f"the inventory says gpus: {node.gpus} but torch "
-                                               f"sees {facts.get('gpus', 0)}: check the driver "
+        who = "the driver lists" if facts.get("gpus_from") == "driver" else "torch sees"
+        problems.append(HostProblem(node.name, f"the inventory says gpus: {node.gpus} but {who} "
+                                               f"{facts.get('gpus', 0)}: check the driver "
                                                "(nvidia-smi) or fix the inventory"))
     if "interface" not in facts and "addresses" in facts:
         problems.append(HostProblem(node.name, f"private_ip {node.private_address} is not an "
@@ -416,7 +443,8 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         started = NodeProbe(conn, node, port, (posixpath.join(where, "code"),
                                                shipment.files_for(node)), unpack_to=where,
                             controller_key=shipment.controller_key
-                            if node.name == shipment.controller else None)
+                            if node.name == shipment.controller else None,
+                            needs_torch=needs_torch(shipment.job))
         try:
             workdir = ship_workdir(conn, node, name)
         except BaseException:
@@ -449,9 +477,9 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         else:
             problems += check_node(node, raw[node.name], node is nodes[0], rdzv_port,
                                    shipment.sha256_for(node) if shipment else None)
-    versions = {raw[n]["torch"] for n in raw if "torch" in raw[n]}
+    versions = {raw[n]["torch"] for n in raw if raw[n].get("torch")}
     if len(versions) > 1:
-        per_host = ", ".join(f"{n}: {raw[n]['torch']}" for n in raw if "torch" in raw[n])
+        per_host = ", ".join(f"{n}: {raw[n]['torch']}" for n in raw if raw[n].get("torch"))
         problems.append(HostProblem("(all)", f"torch versions differ between nodes ({per_host}); "
                                              "install one version everywhere"))
     if not problems:
@@ -466,7 +494,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         close_all(conns)
         raise PreflightFailed(problems)
     facts = {
-        name: NodeFacts(torch=f["torch"], cuda=f.get("cuda"), gpus=f.get("gpus", 0),
+        name: NodeFacts(torch=f.get("torch"), cuda=f.get("cuda"), gpus=f.get("gpus", 0),
                         cpus=f.get("cpus") or 1, interface=f.get("interface"),
                         hostname=f.get("hostname", name), env=f.get("env") or {},
                         home=f.get("home"), shipped=shipped.get(name))
