@@ -83,9 +83,9 @@ def hold_workdir(env) -> str | None:
     LAUNCH_WORKDIR when the plan names no job folder, shipped with LAUNCH_WORKDIR_DIGEST), then
     make, hold and enter the job's own folder (LAUNCH_WORKDIR) when the plan names one; why
     the job cannot start, or None."""
-    workdir, digest = env.get("LAUNCH_WORKDIR_COPY") or env.get("LAUNCH_WORKDIR"), \
-        env.get("LAUNCH_WORKDIR_DIGEST")
-    if not workdir or not digest:
+    copy = env.get("LAUNCH_WORKDIR_COPY")
+    workdir, digest = copy or env.get("LAUNCH_WORKDIR"), env.get("LAUNCH_WORKDIR_DIGEST")
+    if not workdir or not (digest or copy):
         return None
     try:
         fd = _own_file(workdir, WORKDIR_LOCK, os.O_RDWR | os.O_CREAT)
@@ -103,12 +103,12 @@ def hold_workdir(env) -> str | None:
     except (OSError, ValueError, AttributeError, RecursionError) as err:
         return (f"the shipped workdir {workdir} cannot be read: {err} (a job may have "
                 "replaced launch's own files there; launch run ships it again)")
-    if found != digest:
+    if digest and found != digest:
         return (f"the shipped workdir {workdir} no longer holds what this run shipped (another "
                 "launch shipped other content into it after this run did); run again: a "
                 "busy copy sends the new run to a copy of its own")
-    if env.get("LAUNCH_WORKDIR_COPY") and env.get("LAUNCH_WORKDIR"):
-        return enter_job_folder(workdir, env["LAUNCH_WORKDIR"], env)
+    if copy and env.get("LAUNCH_WORKDIR"):
+        return enter_job_folder(copy, env["LAUNCH_WORKDIR"], env)
     return None
 
 

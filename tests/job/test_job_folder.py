@@ -5,7 +5,6 @@ real worker.py processes, real flock(2)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
