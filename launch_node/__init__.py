@@ -2,6 +2,9 @@
 
     worker.py            where every rank starts (LAUNCH_ATTEMPT, the workdir first on
                          PYTHONPATH, the rank's life tied to its agent), then execs the job
+                         in its own folder
+    job_folder.py        that folder: a view of the node's copy for one run and node (hard
+                         links), old runs' views removed
     rdzv_store.py        the rendezvous store, a process of its own on the head
     node_probe.py        heartbeats, process activity, stack dumps, kills by the run's stamp
     heartbeat.py         each rank's heartbeat file (written by the bundled trainer)

@@ -19,12 +19,17 @@ LAUNCH_JOB_ARGV, out of reach of torchrun's parser), before it becomes that prog
 - the shipped workdir held (a shared flock on its `.launch-lock`, kept across exec): a later
   launch with other content ships into a sibling copy instead of changing files under a
   running job; and checked: the copy still holds what this run shipped (its digest), else the
-  rank stops with a message rather than run another launch's code.
+  rank stops with a message rather than run another launch's code;
+- the job's own folder (LAUNCH_WORKDIR, made from the copy LAUNCH_WORKDIR_COPY by
+  launch_node/job_folder.py: one per run and node, the copy's files hard-linked) made, held and
+  entered: the rank runs there, so what one run writes is never seen by another run, nor by
+  another node sharing the machine.
 
 `worker.py exec ARGV...` does only the last part, for a job that brings its own launcher (a
 command), then becomes ARGV.
 
-Imports only the standard library: nodes run it with their own interpreter.
+Imports only the standard library and launch_node/job_folder.py: nodes run it with their own
+interpreter.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ import signal
 import socket
 import stat
 import sys
+
+# launch's own launch_node first (a job's own package of that name comes after: this process
+# becomes the job by exec, with a fresh sys.path).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from launch_node import job_folder  # noqa: E402
 
 USAGE = "usage: worker.py (script PATH | module NAME | exec ARGV...) [ARGS...]"
 # The job's arguments, a JSON list (launcher/job/spec.py JOB_ARGV_ENV): launch gives a script's
@@ -68,10 +79,13 @@ def _own_file(folder: str, name: str, flags: int) -> int:
 
 
 def hold_workdir(env) -> str | None:
-    """Hold the shipped workdir for this process and what it execs (LAUNCH_WORKDIR, shipped
-    with LAUNCH_WORKDIR_DIGEST); why it cannot be used, or None."""
-    workdir, digest = env.get("LAUNCH_WORKDIR"), env.get("LAUNCH_WORKDIR_DIGEST")
-    if not workdir or not digest:
+    """Hold the shipped workdir for this process and what it execs (LAUNCH_WORKDIR_COPY, or
+    LAUNCH_WORKDIR when the plan names no job folder, shipped with LAUNCH_WORKDIR_DIGEST), then
+    make, hold and enter the job's own folder (LAUNCH_WORKDIR) when the plan names one; why
+    the job cannot start, or None."""
+    copy = env.get("LAUNCH_WORKDIR_COPY")
+    workdir, digest = copy or env.get("LAUNCH_WORKDIR"), env.get("LAUNCH_WORKDIR_DIGEST")
+    if not workdir or not (digest or copy):
         return None
     try:
         fd = _own_file(workdir, WORKDIR_LOCK, os.O_RDWR | os.O_CREAT)
@@ -89,10 +103,35 @@ def hold_workdir(env) -> str | None:
     except (OSError, ValueError, AttributeError, RecursionError) as err:
         return (f"the shipped workdir {workdir} cannot be read: {err} (a job may have "
                 "replaced launch's own files there; launch run ships it again)")
-    if found != digest:
+    if digest and found != digest:
         return (f"the shipped workdir {workdir} no longer holds what this run shipped (another "
                 "launch shipped other content into it after this run did); run again: a "
                 "busy copy sends the new run to a copy of its own")
+    if copy and env.get("LAUNCH_WORKDIR"):
+        return enter_job_folder(copy, env["LAUNCH_WORKDIR"], env)
+    return None
+
+
+def enter_job_folder(copy: str, folder: str, env) -> str | None:
+    """Make (or find) the job's folder, hold its run's lock across exec and make it the cwd
+    (by descriptor: nothing between the check and the chdir can redirect it); why not, or
+    None. Says in one line when files had to be copied or old runs' folders were removed."""
+    try:
+        made = job_folder.make(copy, folder, job_folder.keep_setting(env))
+    except job_folder.JobFolderError as err:
+        return f"the job's folder cannot be made: {err}"
+    try:
+        os.fchdir(made.folder)
+    finally:
+        os.close(made.folder)
+    env["PWD"] = os.getcwd()   # a shell the job starts reads its folder from PWD
+    if made.copied:
+        print(f"launch: {made.copied} file(s) of {copy} copied into the job's folder {folder}, "
+              f"not hard-linked ({made.why})", flush=True)
+    if made.removed:
+        print(f"launch: removed the job folders of {len(made.removed)} older run(s) beside "
+              f"{folder} ({job_folder.KEEP_ENV} keeps {job_folder.keep_setting(env)})",
+              flush=True)
     return None
 
 

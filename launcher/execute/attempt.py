@@ -250,7 +250,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         # A file the job did not find that the workdir's ignore rules left out: said so.
         hints = missing_left_out(plan.workdir, router.tail(outcome.first_failure, 200)
                                  if outcome.first_failure in tails else [],
-                                 [n.cwd or "" for n in plan.nodes])
+                                 [n.job_dir or n.cwd or "" for n in plan.nodes])
         if hints:
             summary["failure"]["hints"] = hints
     if extra is not None:

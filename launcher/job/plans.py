@@ -20,6 +20,6 @@ def plan_request(request: Any, nodes: list[Node], placements: dict[str, Placemen
     """`request`: launcher/execute/request.py RunRequest (its recipe, job, workdir, run id)."""
     plan = plan_run(request.recipe, nodes, request.run_id, placements, rdzv_port=rdzv_port,
                     notes=notes, job=request.job, workdir=request.workdir, attempt=attempt,
-                    rdzv_host=rdzv_host, node_cluster_env=node_cluster_env)
+                    rdzv_host=rdzv_host, node_cluster_env=node_cluster_env, uid=uid)
     plan = with_mirror(plan, request.recipe, placements, uid)
     return with_spot_watch(plan, nodes, placements)

@@ -58,7 +58,13 @@ RESERVED_ENV = {
 }
 
 
+# launch's own settings read on the node, which a recipe's env: or --env may give.
+SETTINGS_ENV = ("LAUNCH_JOB_FOLDERS_KEPT",)   # launch_node/job_folder.py KEEP_ENV
+
+
 def reserved_env_reason(name: str) -> str | None:
+    if name in SETTINGS_ENV:
+        return None
     for prefix, why in RESERVED_ENV.items():
         if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
             return why

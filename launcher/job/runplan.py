@@ -62,6 +62,10 @@ class NodeCommand:
     # FROM_*), and the names given with --env, whose values are shown and kept masked.
     env_from: dict[str, str] = field(default_factory=dict)
     masked: frozenset[str] = frozenset()
+    # The job's own folder on the node (launch_node/job_folder.py: a view of the shipped
+    # copy for this run and node, made by launch_node/worker.py when the job starts); None
+    # when the job has no shipped workdir. `cwd` is where the node's command starts (the copy).
+    job_dir: str | None = None
     # Launch's own process (the checkpoint mirror), not the user's job: beside launch (--local,
     # a Slurm job's steps) it also takes launch's cloud settings (environment.py
     # SERVICE_PREFIXES), as launch itself would reach the bucket; never sent over SSH.
@@ -84,6 +88,7 @@ class NodeCommand:
             "env_from": dict(self.env_from),
             "run_dir": self.run_dir, "cwd": self.cwd, "instance_type": self.instance_type,
             "probe": list(self.probe), **({"service": True} if self.service else {}),
+            **({"job_dir": self.job_dir} if self.job_dir else {}),
         }
 
 
@@ -210,7 +215,12 @@ class RunPlan:
         for node in self.nodes:
             role = "head, rendezvous store here" if node.is_head else "worker"
             lines += ["", f"node {node.name} ({node.address}, {role}, {node.gpus} GPU(s))"]
-            if node.cwd:
+            if node.job_dir:
+                lines.append(f"  job folder: {node.job_dir}")
+                lines.append(f"    (the job runs here: made when it starts from the node's "
+                             f"copy {node.cwd}, files hard-linked; what the run writes stays "
+                             "here)")
+            elif node.cwd:
                 lines.append(f"  cwd:  {node.cwd}")
             lines.append("  env (launch's own unless marked):")
             lines += env_lines(node)
@@ -249,7 +259,8 @@ def render_workdir(manifest: Any, setup: tuple[str, ...]) -> list[str]:
     """The dry run's account of what is shipped and what runs before the job."""
     lines: list[str] = []
     if manifest is not None:
-        lines += ["", "workdir (shipped to every node; the job runs in it):"]
+        lines += ["", "workdir (shipped to every node's copy; the job runs in a folder of its "
+                      "own made from it, below):"]
         lines += [f"  {line}" for line in manifest.render()]
     if setup:
         lines += ["", "setup (on every node, in the workdir, before the job; again only when the "
@@ -301,10 +312,24 @@ def cluster_env(rank: int, nodes: list[Node], head_addr: str, port: int,
             "LAUNCH_GPUS_PER_NODE": str(gpus)}
 
 
+# Beside the node's copy of the workdir, one folder per run, one per node in it
+# (launch_node/job_folder.py RUNS and its layout).
+JOB_FOLDERS = ".runs"
+
+
+def job_folder(copy: str, run_id: str, uid: str, node: str) -> str:
+    """Where the job of run `run_id` (its own id `uid`, launcher/runs/folder.py) runs on
+    `node`: its own view of the node's copy. By the uid, as the SSH run folders: a new run
+    that reuses an id never finds an earlier one's files, a restart or `--resume` of the same
+    run finds its own. Run ids, uids and node names are checked names (launcher/core/names.py),
+    one folder each."""
+    return f"{copy}{JOB_FOLDERS}/{run_id}.{uid}/{node}"
+
+
 def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement,
-             nproc: int) -> tuple[dict[str, str], dict[str, str]]:
+             nproc: int, job_dir: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """The node's env (launcher/job/environment.py's layers) and where each value not
-    launch's own comes from."""
+    launch's own comes from. `job_dir`: the job's own folder, when it runs in one."""
     # PYTHONUNBUFFERED: torchrun re-prints its workers' lines on its own stdout, a pipe (or
     # an SSH channel) that Python would otherwise flush only every 8 KB.
     # LAUNCH_PYTHON: the node's interpreter; its folder goes first on PATH where the node's
@@ -350,10 +375,15 @@ def node_env(recipe: Recipe, run_id: str, node: Node, place: Placement,
     sources.update({k: FROM_FLAG if k in recipe.command_line_env else FROM_RECIPE
                     for k in recipe.env})
     if place.workdir:
-        # The shipped folder first: the job imports its own code before anything installed,
+        # The job's folder first: the job imports its own code before anything installed,
         # the recipe's PYTHONPATH entries after it (relative ones from the workdir).
-        env["LAUNCH_WORKDIR"] = place.workdir
-        env["PYTHONPATH"] = ":".join(p for p in (place.workdir, env.get("PYTHONPATH")) if p)
+        # LAUNCH_WORKDIR is the folder the job runs in; LAUNCH_WORKDIR_COPY the node's copy
+        # it is made from (launch_node/worker.py).
+        folder = job_dir or place.workdir
+        env["LAUNCH_WORKDIR"] = folder
+        if job_dir:
+            env["LAUNCH_WORKDIR_COPY"] = place.workdir
+        env["PYTHONPATH"] = ":".join(p for p in (folder, env.get("PYTHONPATH")) if p)
         if "PYTHONPATH" in sources:
             sources["PYTHONPATH"] += ", after the workdir"
     return env, sources
@@ -402,6 +432,7 @@ def plan_run(
     workdir: Any = None,
     attempt: int | str = 0,
     node_cluster_env: dict[str, str] | None = None,
+    uid: str = "UID",
 ) -> RunPlan:
     """One command per node; the first node is the head: the rendezvous store runs there.
 
@@ -411,7 +442,7 @@ def plan_run(
     (Slurm: a marker the job script fills in; `node_cluster_env` then holds markers for the
     LAUNCH_* cluster variables too); default the head's private address. `attempt`: where
     LAUNCH_ATTEMPT starts (a resumed run continues the count); `workdir` the shipped folder's
-    manifest, for the printed plan.
+    manifest, for the printed plan; `uid` the run's own id (its job folders are named by it).
     """
     job = job or job_of(recipe)
     program = program_of(recipe, job)
@@ -447,7 +478,10 @@ def plan_run(
                     *job.args]
         else:
             argv = list(job.args)
-        env, env_from = node_env(recipe, run_id, node, place, nproc)
+        # launch's own workloads do not start through the worker, which makes the folder.
+        job_dir = job_folder(place.workdir, run_id, uid, node.name) \
+            if place.workdir and job.kind != "workload" else None
+        env, env_from = node_env(recipe, run_id, node, place, nproc, job_dir)
         if place.workdir and workdir is not None:
             # What the copy must hold when the job starts (launch_node/worker.py checks it).
             env["LAUNCH_WORKDIR_DIGEST"] = workdir.digest
@@ -462,7 +496,7 @@ def plan_run(
             name=node.name, address=node.address, private_address=node.private_address,
             is_head=node is head, gpus=node_gpus, argv=tuple(argv),
             env=env, run_dir=place.run_dir,
-            cwd=place.workdir or place.cwd, instance_type=node.instance_type,
+            cwd=place.workdir or place.cwd, job_dir=job_dir, instance_type=node.instance_type,
             # -S: no site-packages (node_probe.py needs only the standard library): ~30 ms of
             # CPU less at each start on every node (more where site-packages hold torch's).
             probe=(place.python, "-S", f"{place.code_dir}/launch_node/node_probe.py"),

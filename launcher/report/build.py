@@ -444,7 +444,10 @@ def _job(plan: dict, summary: dict | None) -> dict:
     progress = summary.get("progress") if isinstance(summary.get("progress"), dict) else None
     return {"kind": plan["job"].get("kind"), "target": plan["job"].get("target"),
             "args": plan["job"].get("args") or [], "duration_s": summary.get("duration_s"),
-            "progress": progress}
+            "progress": progress,
+            # Where the job ran on each node, and what it wrote stays (its own folder).
+            "folders": {n["name"]: n["job_dir"] for n in plan.get("nodes") or []
+                        if n.get("job_dir")}}
 
 
 def _recovery(summary: dict | None) -> dict | None:
@@ -669,6 +672,12 @@ def _job_lines(job: dict) -> list[str]:
     args = f" with {len(job['args'])} argument(s)" if job["args"] else ""
     took = "" if job["duration_s"] is None else f"; the run took {job['duration_s']:.1f} s"
     lines = [f"Your {what}{args}{took}."]
+    folders = job.get("folders") or {}
+    if folders:
+        lines.append("It ran in a folder of its own on each node, where what it wrote stays "
+                     "(docs/workdir.md): " + "; ".join(f"{node} `{path}`"
+                                                        for node, path in folders.items())
+                     + ".")
     progress = job.get("progress")
     if not progress:
         lines.append("It printed no LAUNCH_STEP line, so launch knows no step, loss or per-rank "
@@ -793,6 +802,9 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> dict:
     color = stream.isatty()
     stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}; with plots: "
                  f"{Path(run_dir) / REPORT_HTML}\n")
+    for node, path in ((report.get("job") or {}).get("folders") or {}).items():
+        # What the run wrote (checkpoints, logs) is there, not in the next run's folder.
+        stream.write(f"launch: job folder of {printable(node)}: {printable(path)}\n")
     for warning in report["warnings"]:
         text = f"launch: warning: {printable(warning)}"
         stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")

@@ -111,6 +111,7 @@ class PlanNode(_Record):
     argv: list[Short] = []
     env: dict[str, Text] = {}
     instance_type: Short | None = None
+    job_dir: Short | None = None      # the job's own folder on the node (job_folder.py)
 
 
 class PlanRecipe(_Record):

@@ -10,19 +10,23 @@ nothing else:
 
     DEST/
       .launch-lock            flock(2): exclusive while a ship (or setup) changes the folder,
-                              shared while a job runs in it
+                              shared while a job runs from it
       .launch-shipped.json    what launch wrote: per file its sha256, mode and stat data as
                               written (dev, inode, size, mtime, ctime); links; folders
       .launch-staging-*/      new contents on their way in (a dropped ship leaves one; the
                               next ship removes it)
-      ...                     the user's tree, plus whatever setup and jobs wrote
+      ...                     the user's tree, plus whatever setup wrote (and jobs, before
+                              they ran in folders of their own: DEST.runs/, job_folder.py)
 
 A ship makes DEST hold exactly the manifest's files, links and folders: a file launch wrote
 before and still on disk as written (stat data equal; ctime cannot be set from user space and
 changes with every write, chmod or link) is kept; anything else the manifest holds is written
 anew, by rename(2) over the old name, never in place (a job that kept a hard link or an open
-file keeps the old content); files and links launch wrote that the manifest no longer holds
+file keeps the old content: each run's job folder, launch_node/job_folder.py, is hard links to
+this copy's files); files and links launch wrote that the manifest no longer holds
 are removed; files launch never wrote are left alone unless the manifest needs their name. A
+file whose ctime alone moved (a job folder's link to it made or removed) is checked by its
+content and, when intact, its record updated. A
 file written within 20 ms of the record being taken is "racy" (a later change within the same
 clock tick would keep its ctime), as in git's index: it is checked by its content next time.
 
@@ -371,6 +375,7 @@ class Copy:
         self.path = path
         self.lock_fd = -1
         self.state: dict = {}
+        self.refreshed = False   # a record's stat data was updated after a content check
 
     def load(self) -> Copy:
         """Read the record (under the lock: it is replaced whole, never edited in place)."""
@@ -424,8 +429,11 @@ class Copy:
         try:
             fd, name = folders.where(path)
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or stat_key(st) != record[2:]:
+            if not stat.S_ISREG(st.st_mode):
                 return False
+            key = stat_key(st)
+            if key != record[2:]:
+                return self._relinked(fd, name, st, record)
             if not racy(record, self.state["written_ns"]):
                 return True
             with _open_file(fd, name) as source:
@@ -433,6 +441,23 @@ class Copy:
                     _file_sha(source) == record[0]
         except OSError:
             return False
+
+    def _relinked(self, fd: int, name: str, st: os.stat_result, record: list) -> bool:
+        """A file whose ctime alone moved (same inode, size, mtime and mode): a job folder's
+        hard link to it was made or removed (launch_node/job_folder.py), or the job wrote it
+        in place and set its time back. Checked by content; when it holds what launch wrote,
+        its record takes the new stat data (saved by the ship: `refreshed`)."""
+        key = stat_key(st)
+        if key[:4] != record[2:6] or stat.S_IMODE(st.st_mode) != record[1]:
+            return False
+        with _open_file(fd, name) as source:
+            if stat_key(os.fstat(source)) != key or _file_sha(source) != record[0]:
+                return False
+            if stat_key(os.fstat(source)) != key:
+                return False
+        record[2:] = key
+        self.refreshed = True
+        return True
 
 
 def racy(record: list, written_ns: int) -> bool:
@@ -563,8 +588,11 @@ def _copy_from(places: list, staging: int, staged: str, entry) -> bool:
         try:
             fd, leaf = reach.where(name)
             with _open_file(fd, leaf) as source:
-                if stat_key(os.fstat(source)) != record[2:]:
+                before = stat_key(os.fstat(source))
+                if before[:4] != record[2:6]:
                     continue
+                # Its ctime alone moved (a job folder's link made or removed): by content.
+                racy = racy or before[4] != record[6]
                 out = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
                               0o600, dir_fd=staging)
                 try:
@@ -576,10 +604,14 @@ def _copy_from(places: list, staging: int, staged: str, entry) -> bool:
                     _seal(out, entry)
                 finally:
                     os.close(out)
-                if same and stat_key(os.fstat(source)) == record[2:]:
+                if same and stat_key(os.fstat(source)) == before:
                     return True
         except OSError:
             continue
+    try:   # a copy found wrong on the way: the content comes from the client, into a new file
+        os.unlink(staged, dir_fd=staging)
+    except FileNotFoundError:
+        pass
     return False
 
 
@@ -654,6 +686,8 @@ def _update(dest: str, copy: Copy, entries, digest: str, fetch) -> tuple[int, in
             folders.remove(name)
         todo = _plan(copy, folders, entries)
         if not todo and copy.state["digest"] == digest and _shape_ok(folders, entries):
+            if copy.refreshed:
+                _save_state(copy, folders)   # the next ship need not read those files again
             return 0, 0   # the record already describes exactly this tree
         staging_name = f"{STAGING}{os.getpid()}-{secrets.token_hex(4)}"
         os.mkdir(staging_name, 0o700, dir_fd=folders.top)

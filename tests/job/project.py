@@ -63,7 +63,13 @@ from launch_node import PACKAGE as NODE_PACKAGE
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+# As the DDP tutorial's multinode.py: a snapshot in the working folder, resumed from if there.
+snapshot = open("snapshot.pt").read() if os.path.exists("snapshot.pt") else None
+if snapshot is None and os.environ["LOCAL_RANK"] == "0":
+    with open("snapshot.pt", "w") as f:
+        f.write(f"{os.environ['LAUNCH_RUN_ID']} {os.environ['LAUNCH_NODE']}")
 print("RESULT " + json.dumps({
+    "snapshot": snapshot,
     "rank": rank, "world": world, "argv": sys.argv[1:], "env": env, "cwd": os.getcwd(),
     "package": PACKAGE, "package_file": sys.modules["train.model"].__file__,
     "node_package": NODE_PACKAGE,

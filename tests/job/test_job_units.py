@@ -72,8 +72,11 @@ def test_pythonpath_may_come_from_a_recipe_and_stays_after_the_workdir():
     nodes = [Node(name="n0", address="10.0.0.1", private_address="10.0.0.1", gpus=0)]
     place = {"n0": Placement(python="/v/bin/python", code_dir="/c", run_dir="/r/n0",
                              workdir="/w", checkpoint_dir="/r/checkpoints")}
-    command = plan_run(r, nodes, "run", place).nodes[0]
-    assert command.env["PYTHONPATH"] == "/w:src" and command.cwd == "/w"
+    command = plan_run(r, nodes, "run", place, uid="u1").nodes[0]
+    # The job's own folder for the run and node first (made from the copy /w on the node).
+    assert command.job_dir == "/w.runs/run.u1/n0" == command.env["LAUNCH_WORKDIR"]
+    assert command.env["PYTHONPATH"] == "/w.runs/run.u1/n0:src" and command.cwd == "/w"
+    assert command.env["LAUNCH_WORKDIR_COPY"] == "/w"
     assert command.argv[-3:] == ("/c/launch_node/worker.py", "script", "a.py")
 
 

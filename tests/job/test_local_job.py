@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -65,8 +66,18 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
         assert env["LAUNCH_NUM_NODES"] == "2" and env["LAUNCH_NODE_ADDRS"] == "127.0.0.1,127.0.0.1"
         assert env["LAUNCH_HEAD_ADDR"] == "127.0.0.1" and env["LAUNCH_GPUS_PER_NODE"] == "0"
         assert env["LAUNCH_CHECKPOINT_DIR"] == str(project / "runs" / "own" / "checkpoints")
-        assert got["cwd"] == env["LAUNCH_WORKDIR"] != str(project)
+        # Each node runs in a folder of its own for this run, made from the node's copy ...
+        node = env["LAUNCH_NODE"]
+        folder = Path(got["cwd"])
+        assert got["cwd"] == env["LAUNCH_WORKDIR"] and folder.name == node
+        assert folder.parent.name.startswith("own.") and \
+            str(folder.parent.parent) == env["LAUNCH_WORKDIR_COPY"] + ".runs"
         assert env["PYTHONPATH"].split(":")[0] == got["cwd"]
+        # ... so the two nodes sharing this machine do not see each other's snapshot.
+        assert got["snapshot"] is None
+        assert Path(got["cwd"], "snapshot.pt").read_text() == f"own {node}"
+        # The run says where each node's job folder is.
+        assert f"launch: job folder of {node}: {got['cwd']}" in proc.stdout + proc.stderr
     assert {got["env"]["LAUNCH_NODE_RANK"] for got in seen.values()} == {"0", "1"}
     assert not (project / "pwned").exists() and not (project / "pwned2").exists()
     run = project / "runs" / "own"
@@ -89,19 +100,32 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
 def test_setup_runs_again_only_when_the_workdir_changes(run_launch, project):
     # A job that imports nothing: setup's skip depends on the workdir and the commands, not on
     # what the job does, and main.py's torch and gloo cost ~2 s of CPU in each of the 3 runs.
-    (project / "hello.py").write_text("print('hello', flush=True)\n")
+    # It resumes from a snapshot in its working folder, as the DDP tutorial does: a later run
+    # must not find the one an earlier run wrote (it starts from what was shipped), and the
+    # earlier run's file stays in that run's own folder.
+    (project / "hello.py").write_text(
+        "import os\n"
+        "found = open('snapshot.pt').read() if os.path.exists('snapshot.pt') else 'nothing'\n"
+        "open('snapshot.pt', 'w').write(os.environ['LAUNCH_RUN_ID'])\n"
+        "print('hello, found', found, 'in', os.getcwd(), flush=True)\n")
 
     def go(run_id):
         proc = run_launch("run", "--local", "--nodes", "1", "hello.py", "--setup", SETUP,
                           "--run-id", run_id, cwd=project, timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "node0/0: hello" in proc.stdout
-        return (project / "runs" / run_id / "node0" / "setup.log").read_text()
+        said = [line for line in proc.stdout.splitlines() if "node0/0: hello" in line]
+        assert said and said[0].split("node0/0: ")[1].startswith("hello, found nothing in ")
+        folder = Path(said[0].split(" in ")[-1])
+        assert folder.name == "node0" and folder.parent.name.startswith(run_id + ".")
+        return (project / "runs" / run_id / "node0" / "setup.log").read_text(), folder
 
-    assert "launch: setup done" in go("first")
-    assert "launch: setup skipped" in go("unchanged")
+    log, first = go("first")
+    assert "launch: setup done" in log
+    log, _ = go("unchanged")
+    assert "launch: setup skipped" in log
     (project / "data" / "labels.txt").write_text("cat dog bird fish\n")
-    assert "launch: setup done" in go("changed")
+    assert "launch: setup done" in go("changed")[0]
+    assert (first / "snapshot.pt").read_text() == "first"
 
 
 def test_a_failing_setup_names_the_node_and_starts_no_job(run_launch, project):
@@ -298,6 +322,8 @@ def test_dry_run_shows_argv_env_manifest_and_setup(run_launch, project):
     out = proc.stdout
     assert "job: script main.py with arguments --lr 0.1 in " in out
     assert "workdir (shipped to every node" in out and f"$ {SETUP}" in out
+    # Where each node's job will run: a folder of its own for this run, beside the copy.
+    assert re.search(r"\n  job folder: /\S+\.runs/\S+\.UID/node1\n", out), out
     # The job's arguments in the worker's variable, out of torchrun's parser's reach.
     assert "launch_node/worker.py script main.py\n" in out
     assert """    LAUNCH_JOB_ARGV='["--lr", "0.1"]'""" in out

@@ -73,6 +73,20 @@ def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs
         assert got["data"] == ["cat", "dog", "bird"]
         assert got["sees"] == ["setup-ran.txt"]
         assert got["cwd"].startswith(str(lab.dir)) and got["cwd"] == got["env"]["LAUNCH_WORKDIR"]
+        # Each host runs in a folder of its own for this run, made from the shared copy: it
+        # sees neither the other host's snapshot nor the one the earlier run of the same id
+        # wrote; the run names the folder.
+        folder, node = Path(got["cwd"]), got["env"]["LAUNCH_NODE"]
+        assert folder.name == node and folder.parent.name.startswith("again.")
+        assert str(folder.parent.parent) == got["env"]["LAUNCH_WORKDIR_COPY"] + ".runs"
+        assert got["snapshot"] is None
+        assert f"launch: job folder of {node}: {folder}" in proc.stdout + proc.stderr
+    # The earlier run's snapshot stayed in its own folders, and its --resume found it there.
+    earlier = results(runs["crashed"].stdout)
+    assert {r: got["snapshot"] for r, got in results(runs["resumed"].stdout).items()} == \
+        {r: f"again {got['env']['LAUNCH_NODE']}" for r, got in earlier.items()}
+    for got in earlier.values():
+        assert got["cwd"] not in {s["cwd"] for s in seen.values()}
         addrs = got["env"]["LAUNCH_NODE_ADDRS"].split(",")
         assert addrs == [h.rank_address for h in lab.hosts]
         assert got["env"]["LAUNCH_HEAD_ADDR"] == addrs[0]
