@@ -236,6 +236,9 @@ def handed_over(own: Timeline, inner: dict[str, Any], end: float | None = None
                  "report's write; the controller's parts are its own host's durations",
         "wall_s": round(wall, 3),
         "controller_wall_s": round(theirs, 3),
+        # Where the controller's start is placed on this timeline: its moments (and the run
+        # page's step times, progress.jsonl's `t`) count from there.
+        "controller_at_s": round(offset, 3),
         "phases": phases,
         "goodput": None if kept is None or wall <= 0 else round(kept / wall, 4),
         "largest_losses": [loss for loss in sorted([*losses, *outside],
@@ -301,6 +304,25 @@ def training_losses(steps: list[Seen], job_start: float, first: float, last: flo
         out.append({"kind": "hang", "s": clip(detected - hang["idle_s"], detected),
                     "what": f"hang wait ({hang['idle_s']:.1f} s without progress)"})
     return out
+
+
+def before_first_step(timeline: dict[str, Any] | None) -> list[tuple[str, float, float]]:
+    """The phases before the job's first step, each (name, from_s, to_s) since the run
+    started: the phases are in their order, and "to first step" ends at the first step; none
+    when no step was reported."""
+    out: list[tuple[str, float, float]] = []
+    at = 0.0
+    for phase in (timeline or {}).get("phases") or []:
+        out.append((phase["name"], at, at + phase["s"]))
+        at += phase["s"]
+        if phase["name"] == "to first step":
+            first = timeline.get("first_step_s")
+            if first is not None and abs(at - first) > 0.01 * len(out):
+                # A phase repeated before the first step (a machine lost before it) is summed
+                # under its first name: the order no longer places it. One band, then.
+                return [("before the first step", 0.0, first)]
+            return out
+    return []
 
 
 def describe(timeline: dict[str, Any] | None, count: int = 3) -> str:

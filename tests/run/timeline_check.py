@@ -47,7 +47,8 @@ def check_timeline(summary_path: Path, began: float, *, restarts: int = 0,
     if steps:
         assert {"to first step", "training"} <= set(names), names
         assert timeline["first_step_s"] is not None and timeline["goodput"] is not None
-        assert 0 < timeline["goodput"] < 1, timeline
+        # 0 when every step was reported at once (a job of instant steps): defined, not invented.
+        assert 0 <= timeline["goodput"] < 1, timeline
     found = [loss for loss in timeline["training_losses"] if loss["kind"] == "restart"]
     assert len(found) == restarts, timeline["training_losses"]
     assert all(loss["s"] > 0 for loss in found), found
