@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,8 @@ def _local_run_once(tmp_path_factory, name: str, argv: list[str],
     """`launch run ARGV --run-id NAME` on this machine once per suite, even when the suite is
     spread over processes: the first that needs it runs it, the others wait for it and read
     its answer. `recipe`: written to NAME.yml in its folder first. (CompletedProcess, run
-    folder)."""
+    folder); the wall clock when the run began is in the folder's `began` file (the
+    timeline's proof reads it: tests/run/timeline_check.py)."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent   # the folder every worker's own temporary folder is in
@@ -160,6 +162,7 @@ def _local_run_once(tmp_path_factory, name: str, argv: list[str],
             cwd.mkdir(exist_ok=True)
             if recipe is not None:
                 (cwd / f"{name}.yml").write_text(yaml.safe_dump(recipe))
+            (cwd / "began").write_text(repr(time.time()))
             proc = subprocess.run(
                 launch_cmd("run", *argv, "--run-id", name),
                 cwd=cwd, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,

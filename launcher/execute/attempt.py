@@ -197,7 +197,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                         plan.recovery.restart_deadline_s, folder.root,
                         user_job=plan.job.kind in ("script", "module", "command"),
                         restart_together=not plan.job.uses_torchrun, node_lost=node_lost)
-    steps = StepLines()
+    steps = StepLines(origin=timeline.start)
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)
     screen = ScreenFilter(plan.nodes[0].name) \

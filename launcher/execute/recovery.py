@@ -40,6 +40,13 @@ NO_CHECKPOINT = re.compile(r"^no checkpoint to resume from")
 LOST = re.compile(r"had reached step (?P<reached>\d+): (?P<lost>\d+) step\(s\) lost")
 LOADED = re.compile(r"read and shared in (?P<s>[0-9.]+)s")
 FIRST_STEP = re.compile(r"^step (?P<step>\d+): first step since the restart")
+# A machine lost without a word (a spot reclaim, a host pulled): its node stops answering the
+# hang watch's looks (every 2 s at most) at once, where its SSH connection fails only when TCP
+# gives up (keepalives every 5 s, TCP_USER_TIMEOUT 20 s). Quiet this long, the node's fleet is
+# asked whether its machine is gone (at most this often per node): more than two missed looks,
+# and seconds of room for a loaded machine's late answer, which the fleet then clears.
+QUIET_S = 5.0
+FLEET_ASK_S = 5.0
 
 
 @dataclass
@@ -244,6 +251,9 @@ class Recovery:
         # not restarted on a machine that is no more.
         self.node_lost = node_lost
         self.lost: dict[str, str] = {}
+        self.procs: list = []
+        self._asked_fleet: dict[str, float] = {}
+        self._forsaken: set[str] = set()
         # Where a restart is announced as it happens (the runner gives the terminal's line).
         self.notify = None
         self.book.on_new = self._announce
@@ -267,6 +277,7 @@ class Recovery:
 
     def start(self, procs: list, started_at: float) -> None:
         self.started_at = started_at
+        self.procs = list(procs)
         need = "activity" if self.user_job else "heartbeats"
         watched = [p for p in procs if hasattr(p, need) and hasattr(p, "dump_ranks")]
         if watched:
@@ -310,9 +321,33 @@ class Recovery:
                                                      if stuck else "restarting every node"))
         return report, restart, lines
 
+    def gone_quietly(self) -> None:
+        """A node that has not answered the hang watch's looks for QUIET_S: its fleet asked
+        (at most every FLEET_ASK_S) whether its machine is gone; if so, its connection is
+        closed (`forsake`), and the node ends now, as when its connection drops, instead of
+        when TCP gives up on it (~20 s). Silence alone decides nothing: a loaded machine that
+        answers late is asked about, and goes on when its fleet says it is there."""
+        if self.node_lost is None:
+            return
+        now = self.clock()
+        for proc in self.procs:
+            quiet = proc.quiet_s() if hasattr(proc, "quiet_s") else None
+            if quiet is None or quiet < QUIET_S or proc.name in self._forsaken or \
+                    now - self._asked_fleet.get(proc.name, -FLEET_ASK_S) < FLEET_ASK_S:
+                continue
+            self._asked_fleet[proc.name] = now
+            why = self.node_lost(proc.name)
+            if why:
+                if self.notify is not None:
+                    self.notify(f"node {proc.name}: no answer for {quiet:.0f} s and its "
+                                f"machine is gone ({why})")
+                self._forsaken.add(proc.name)
+                proc.forsake()
+
     def trouble(self) -> tuple[str, str] | None:
         """(node, reason) when the run must stop: out of restarts, or a restart that did not
         bring the rendezvous back within the deadline."""
+        self.gone_quietly()
         exhausted = self.book.exhausted()
         if exhausted is not None:
             return exhausted

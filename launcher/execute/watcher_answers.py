@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -67,10 +68,15 @@ class KeptWatcher:
     failed a look (it is closed then), is started again at the next. Looks may come from the
     hang watch's threads at once: one at a time."""
 
-    def __init__(self, start: Callable[[], Watcher]):
+    def __init__(self, start: Callable[[], Watcher], clock: Callable[[], float] = time.monotonic):
         self._start = start
         self._watcher: Watcher | None = None
         self._lock = threading.Lock()
+        self.clock = clock
+        # When the node last answered a look: the hang watch looks every 2 s at most, so a
+        # node that has not answered for much longer may be gone (launcher/execute/recovery.py
+        # asks its fleet then).
+        self.answered_at: float | None = None
 
     def ask(self, what: str, timeout: float = 15) -> Any:
         with self._lock:
@@ -79,10 +85,16 @@ class KeptWatcher:
             if self._watcher is None:
                 self._watcher = self._start()
             try:
-                return self._watcher.ask(what, timeout)
+                answer = self._watcher.ask(what, timeout)
             except Exception:
                 self._close()
                 raise
+            self.answered_at = self.clock()
+            return answer
+
+    def quiet_s(self) -> float | None:
+        """Seconds since the node last answered a look; None before its first answer."""
+        return None if self.answered_at is None else self.clock() - self.answered_at
 
     def close(self) -> None:
         with self._lock:

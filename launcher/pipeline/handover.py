@@ -29,6 +29,7 @@ from launcher.job.request import RunRequest
 from launcher.execute.supervisor import StopRequest, interrupt_words
 from launcher.report.display import make_display
 from launcher.runs.console import CONSOLE, EventReader, replay
+from launcher.runs.timeline import FOLLOWING, Timeline, handed_over
 
 HANDOVER = "handover.json"       # in the run folder: what the controller runs (request, backend)
 HANDOVER_MODE = 0o600            # it holds --env's values, which plan.json masks
@@ -82,26 +83,36 @@ def describe_hand_over(backend, request: RunRequest, nodes: list) -> list[str]:
     return lines
 
 
-def follow_handed_over(backend, handle: dict[str, Any], display=None) -> dict[str, Any]:
+def follow_handed_over(backend, handle: dict[str, Any], display=None,
+                       timeline: Timeline | None = None) -> dict[str, Any]:
     """`launch run` on a backend that hands every run over (Slurm): attached to it, Ctrl-C
-    stops the run (SIGTERM too); the run's end is this command's."""
+    stops the run (SIGTERM too); the run's end is this command's. `timeline`: this process's
+    phases (launcher/runs/timeline.py); the run's summary.json then holds the whole wall time
+    as seen here, the controller's phases inside it."""
     home = backend.home(handle)
+    if timeline is not None:
+        timeline.begin(FOLLOWING)
+
+    def amend(summary: dict[str, Any]) -> None:
+        if timeline is not None and isinstance(summary.get("timeline"), dict):
+            summary["timeline"] = handed_over(timeline, summary["timeline"])
     end = attach(home, display, on_signal="stop")
-    return finish(home, end)
+    return finish(home, end, amend=amend)
 
 
-def finish(home, end: dict[str, Any]) -> dict[str, Any]:
+def finish(home, end: dict[str, Any], amend=None) -> dict[str, Any]:
     """The run's summary once it ended (what only the run's home knows at its end added:
-    a Slurm job's final state); RunFailed with its message and exit code otherwise, led by
-    why the run's home ended it when it did (Slurm's time limit, a cancel from outside)."""
+    a Slurm job's final state; `amend`'s changes to it); RunFailed with its message and exit
+    code otherwise, led by why the run's home ended it when it did (Slurm's time limit, a
+    cancel from outside)."""
     code = int(end.get("code", 1))
     why = home.ending() if code != 0 else None
     if why:
         # Not the run, not launch: its home ended it (Slurm's time limit, a cancel from
         # outside); the run failed, whatever its pipeline saw (the signal Slurm sent).
-        home.settle(status="failed", reason=why)
+        home.settle(status="failed", reason=why, amend=amend)
         raise RunFailed(f"{why}\n{end.get('message') or ''}".rstrip(), exit_code=1)
-    home.settle()
+    home.settle(amend=amend)
     if code != 0:
         raise RunFailed(str(end.get("message") or f"the run ended with exit code {code}"),
                         exit_code=code)

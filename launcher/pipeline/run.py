@@ -75,10 +75,12 @@ def run(backend, request: RunRequest, *, display=None,
         return run_here(backend, request, display=display, timeline=timeline)
     from launcher.pipeline.handover import follow_handed_over, hand_over
 
+    if timeline is not None:
+        timeline.begin("hand-over")
     handle = hand_over(backend, request)
     if request.detach:
         return None
-    return follow_handed_over(backend, handle, display=display)
+    return follow_handed_over(backend, handle, display=display, timeline=timeline)
 
 
 def start_anywhere(backend):

@@ -20,7 +20,7 @@ from launcher.core.errors import LauncherError
 from launcher.report import page
 from launcher.report import plots
 from launcher.runs.progress import PROGRESS_FILE
-from launcher.runs.timeline import describe as describe_timeline
+from launcher.runs.timeline import before_first_step, describe as describe_timeline
 from launcher.runs.schema import (BandwidthRecord, MetricsLine, ProgressLine, SummaryRecord,
                                 read_lines, read_record)
 
@@ -179,13 +179,22 @@ def _training_parts(report: dict, summary: dict, runs: list[plots.Attempt]) -> l
             return [page.none("No step curve to draw: the job printed no LAUNCH_STEP line. "
                               "What launch knows of it is below: each node's exit, restarts "
                               "and hangs, the run's duration.")]
+        timeline = summary.get("timeline") if isinstance(summary.get("timeline"), dict) \
+            else {}
+        # What came before the first step (connect, ship, setup, rendezvous...): the steps'
+        # times count from the run's start (a handed-over run's: from its controller's,
+        # placed on the run's timeline at controller_at_s).
+        before = before_first_step(timeline)
+        shift = timeline.get("controller_at_s") or 0.0
+        for a in runs:
+            a.offset_s = shift if _num(shift) else 0.0
         return [_plot("plot-loss", plots.loss_plot(
                     runs, total_steps=_progress(report).get("step"), accuracy=None,
-                    time_label=plots.RUN_TIME)),
+                    time_label=plots.RUN_TIME, before=before)),
                 _plot("plot-throughput", plots.throughput_plot(
                     runs, key="samples_per_sec", unit="samples/s", time_label=plots.RUN_TIME,
                     missing="The job's LAUNCH_STEP lines carry no samples=: no throughput "
-                            "to draw."))]
+                            "to draw.", before=before))]
     if not runs:
         return [page.none("This run logged no step to metrics.jsonl: no loss, throughput or "
                           "communication curve to draw. What launch knows of it is below: "

@@ -141,15 +141,31 @@ TRAINING_TIME = "training time (s)"
 RUN_TIME = "seconds since the run started"
 
 
+def _phase_bands(ax, before: list[tuple[str, float, float]]) -> None:
+    """The run's phases before its first step (launcher/runs/timeline.py before_first_step)
+    as shaded bands, each named, on a plot whose x axis is seconds since the run started."""
+    for i, (name, begun, until) in enumerate(before):
+        if until <= begun:
+            continue
+        ax.axvspan(begun, until, color=PHASE_SHADES[i % len(PHASE_SHADES)], alpha=0.6,
+                   linewidth=0, zorder=0)
+        ax.text((begun + until) / 2, 0.98, name, transform=ax.get_xaxis_transform(),
+                rotation=90, ha="center", va="top", fontsize=7, color="dimgray", clip_on=True)
+
+
+PHASE_SHADES = ("#d9d9d9", "#eeeeee")
+
+
 def _time_label(runs: list[Attempt], label: str) -> str:
     return label + (", attempts end to end" if len(runs) > 1 and label == TRAINING_TIME
                     else "")
 
 
 def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float | None,
-              time_label: str = TRAINING_TIME):
+              time_label: str = TRAINING_TIME, before: list[tuple[str, float, float]] = ()):
     """Loss against step and against time; the held-out accuracy where it was measured
-    (once, after the last step)."""
+    (once, after the last step). `before`: the run's phases before its first step, drawn on
+    the time plot (its x axis then seconds since the run started)."""
     if not any(r.get("loss") is not None for a in runs for r in a.records):
         return None, "No loss was logged: the run printed no step lines with a loss."
     fig, (by_step, by_time) = _figure(cols=2)
@@ -174,6 +190,7 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
     by_step.set_title(title, fontsize=10)
     if time_label == TRAINING_TIME:
         _restart_lines(by_time, runs)
+    _phase_bands(by_time, before)
     by_time.set_xlabel(_time_label(runs, time_label))
     by_time.set_ylabel("training loss")
     by_time.set_xlim(left=0)
@@ -184,7 +201,8 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
 
 def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
                     unit: str = "images/s", time_label: str = TRAINING_TIME,
-                    missing: str = "No throughput was logged (images/s per logged step)."):
+                    missing: str = "No throughput was logged (images/s per logged step).",
+                    before: list[tuple[str, float, float]] = ()):
     if not any(r.get(key) is not None and r.get("time_s") is not None
                for a in runs for r in a.records):
         return None, missing
@@ -197,6 +215,7 @@ def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
                 label=_label(runs, a))
     if time_label == TRAINING_TIME:
         _restart_lines(ax, runs)
+    _phase_bands(ax, before)
     median = statistics.median(values)
     ax.axhline(median, color="grey", linestyle=":", label=f"median {median:.1f} {unit}")
     ax.set_xlabel(_time_label(runs, time_label))

@@ -92,7 +92,10 @@ class _Rank:
 class StepLines:
     """Fed every worker line (thread-safe); asked by the hang watch and the summary."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock=time.monotonic, origin: float | None = None):
+        """`origin`: the run's start on `clock` (its timeline's: launcher/runs/timeline.py),
+        from which progress.jsonl's `t` counts, so the run page's time axis starts with the
+        run and shows what came before the first step; else now."""
         self.clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
@@ -111,7 +114,7 @@ class StepLines:
         self.lines = 0
         self._record: TextIO | None = None
         self._record_key: tuple[str, str] | None = None
-        self._started = time.time()
+        self._origin = clock() if origin is None else origin
 
     def record_to(self, run_dir: Path, head: str) -> None:
         """Keep the head node's local rank 0's steps in progress.jsonl (the run page plots
@@ -148,7 +151,7 @@ class StepLines:
             if self._record is not None and key == self._record_key:
                 self._record.write(json.dumps({
                     "step": step.step, "loss": step.loss, "busy_s": step.busy_s,
-                    "samples": step.samples, "t": round(time.time() - self._started, 3)}) + "\n")
+                    "samples": step.samples, "t": round(now - self._origin, 3)}) + "\n")
 
     def _moved(self, before: int, now: int) -> None:
         """A rank went from step `before` (-1: its first LAUNCH_STEP line) to `now`."""

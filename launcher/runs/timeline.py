@@ -41,6 +41,7 @@ _IMPORTED_AT = time.monotonic()
 _FIRST_STEP = re.compile(r"^step (?P<step>\d+): first step")
 JOB = "job"        # the phase split by the job's steps (to first step, training, stop)
 LAST = "summary"   # the phase summary.json's write ends
+FOLLOWING = "following"   # a handed-over run followed from here (handed_over)
 
 
 def process_start(clock: Callable[[], float] = time.monotonic) -> float:
@@ -193,6 +194,64 @@ class Timeline:
         }
 
 
+def handed_over(own: Timeline, inner: dict[str, Any], end: float | None = None
+                ) -> dict[str, Any]:
+    """A handed-over run's timeline as this process saw it (a Slurm job followed by `launch
+    run`): this process's phases until the hand-over's end (`own`'s marks: start-up,
+    hand-over, ...), then the wait for the run's controller and for its end to be seen here
+    ("queue and follow": what this machine's wall time holds beyond the other parts), then
+    the controller's own phases (`inner`, summary.json's timeline as the controller wrote it).
+    Only durations cross between the machines: the controller's host has its own clock, so
+    its moments (first step, each node's exit) are placed after this process's parts and the
+    wait, whose end-of-run share (how long the controller's end took to be seen here: a poll
+    of the run folder) is counted before them."""
+    end = own.clock() if end is None else end
+    with own._lock:
+        marks = list(own._marks)
+    phases: list[dict[str, Any]] = []
+    for (name, begun), (_, until) in zip(marks, [*marks[1:], ("", end)]):
+        if name == FOLLOWING:
+            break   # the rest of this machine's wall time: the wait and the controller's part
+        phases.append({"name": name, "s": round(max(0.0, until - begun), 3)})
+    wall = end - own.start
+    ours = sum(p["s"] for p in phases)
+    theirs = float(inner.get("wall_s") or 0.0)
+    waited = max(0.0, wall - ours - theirs)
+    offset = ours + waited
+    phases.append({"name": "queue and follow", "s": round(waited, 3)})
+    phases += [{"name": "controller start-up" if p["name"] == "start-up" else p["name"],
+                "s": p["s"]} for p in inner.get("phases") or []]
+    kept = inner.get("kept_steps_s")
+    losses = list(inner.get("training_losses") or [])
+    outside = [{"kind": "phase", "what": p["name"], "s": p["s"]} for p in phases
+               if p["name"] != "training"]
+
+    def moved(at: Any) -> Any:
+        return None if at is None else round(at + offset, 3)
+
+    moments = ("first_step_s", "exited_s")
+    return {
+        **inner,
+        "clock": "this machine's monotonic clock, from the launch process's start to the run "
+                 "report's write; the controller's parts are its own host's durations",
+        "wall_s": round(wall, 3),
+        "controller_wall_s": round(theirs, 3),
+        # Where the controller's start is placed on this timeline: its moments (and the run
+        # page's step times, progress.jsonl's `t`) count from there.
+        "controller_at_s": round(offset, 3),
+        "phases": phases,
+        "goodput": None if kept is None or wall <= 0 else round(kept / wall, 4),
+        "largest_losses": [loss for loss in sorted([*losses, *outside],
+                                                   key=lambda loss: -loss["s"])[:5]
+                           if loss["s"] > 0],
+        "first_step_s": moved(inner.get("first_step_s")),
+        "last_step_s": moved(inner.get("last_step_s")),
+        "nodes": {name: {part: moved(s) if part in moments else s
+                         for part, s in parts.items()}
+                  for name, parts in (inner.get("nodes") or {}).items()},
+    }
+
+
 def step_seconds(steps: list[Seen]) -> float | None:
     """The median seconds per step between consecutive reports of a higher step (a report
     every N steps counts as N steps)."""
@@ -245,6 +304,25 @@ def training_losses(steps: list[Seen], job_start: float, first: float, last: flo
         out.append({"kind": "hang", "s": clip(detected - hang["idle_s"], detected),
                     "what": f"hang wait ({hang['idle_s']:.1f} s without progress)"})
     return out
+
+
+def before_first_step(timeline: dict[str, Any] | None) -> list[tuple[str, float, float]]:
+    """The phases before the job's first step, each (name, from_s, to_s) since the run
+    started: the phases are in their order, and "to first step" ends at the first step; none
+    when no step was reported."""
+    out: list[tuple[str, float, float]] = []
+    at = 0.0
+    for phase in (timeline or {}).get("phases") or []:
+        out.append((phase["name"], at, at + phase["s"]))
+        at += phase["s"]
+        if phase["name"] == "to first step":
+            first = timeline.get("first_step_s")
+            if first is not None and abs(at - first) > 0.01 * len(out):
+                # A phase repeated before the first step (a machine lost before it) is summed
+                # under its first name: the order no longer places it. One band, then.
+                return [("before the first step", 0.0, first)]
+            return out
+    return []
 
 
 def describe(timeline: dict[str, Any] | None, count: int = 3) -> str:

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 from launcher.runs.logs import failure_excerpt
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.run.conftest import LaunchProcess, run_pids, wait_for
+from tests.run.timeline_check import check_timeline
 
 pytestmark = pytest.mark.slow
 
@@ -206,6 +208,7 @@ def test_the_exception_leads_the_failure_message_however_much_the_rank_printed(r
 
 
 def test_a_crash_then_resume_continues_from_the_checkpoint_dir(run_launch, project):
+    began = time.time()
     proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "again",
                       "--", "--mode", "crash-once", cwd=project, timeout=240)
     assert proc.returncode == 1
@@ -213,12 +216,17 @@ def test_a_crash_then_resume_continues_from_the_checkpoint_dir(run_launch, proje
     excerpt = proc.stderr.split("last lines of node node1")[1].splitlines()[1:]
     assert excerpt[0] == "  node1/0: [rank1]: Traceback (most recent call last):"
     assert "  node1/0: [rank1]: AssertionError: rank 1 crashes once, at step 3" in excerpt
+    resumed = time.time()
     proc = run_launch("run", "--local", "--resume", "again", cwd=project, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
     seen = results(proc.stdout)
     assert {got["env"]["LAUNCH_ATTEMPT"] for got in seen.values()} == {"1"}
     assert summary_of(project / "runs" / "again")["progress"]["step"] == 6
+    # Every second of both accounted for (issue 39); the resumed run's from its own start.
+    run = project / "runs" / "again"
+    check_timeline(*(run / "attempts").glob("*/summary.json"), began)
+    check_timeline(run / "summary.json", resumed)
 
 
 def test_a_jobs_checkpoint_dir_is_mirrored_and_comes_back_on_resume(run_launch, project,
@@ -246,6 +254,7 @@ def test_a_jobs_checkpoint_dir_is_mirrored_and_comes_back_on_resume(run_launch, 
 
 
 def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):
+    began = time.time()
     proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "restarts",
                       "--max-restarts", "1", "--", "--mode", "crash-once", cwd=project,
                       timeout=240)
@@ -266,6 +275,17 @@ def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):
     assert "node1/0: LAUNCH_STEP" not in proc.stdout and "node0/0: LAUNCH_STEP" in proc.stdout
     assert "node1/0: LAUNCH_STEP" in (project / "runs" / "restarts" / "node1" /
                                       "node.log").read_text()
+    # Every second accounted for (issue 39): the restart is a named loss, among the largest.
+    timeline = check_timeline(project / "runs" / "restarts" / "summary.json", began,
+                              restarts=1)
+    restart = next(loss for loss in timeline["training_losses"] if loss["kind"] == "restart")
+    assert restart["node"] == "node1" and restart in timeline["largest_losses"]
+    # The page's "seconds since the run started" plot starts with the run: what came before
+    # the first step is drawn there, each part named.
+    page = (project / "runs" / "restarts" / "report.html").read_text()
+    loss = page.split('<figure id="plot-loss">')[1].split("</figure>")[0]
+    for phase in ("preflight", "preparation", "to first step"):
+        assert f">{phase}</text>" in loss
 
 
 def test_a_hung_rank_is_found_with_its_own_stack(run_launch, project):

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from tests.conftest import launch_cmd
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
 from tests.run.conftest import wait_for
+from tests.run.timeline_check import check_timeline
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -35,8 +37,10 @@ CRASH_ONCE = ["--mode", "crash-once"]
 def own_run(slurm_lab, tmp_path_factory):
     """One run read by two tests (each run costs ~16 s of CPU on the lab: the store's, two
     agents' and two ranks' torch imports): a script job with setup and arguments a shell would
-    mangle, whose rank 1 crashes once and is restarted inside the job. (project, proc)"""
+    mangle, whose rank 1 crashes once and is restarted inside the job. (project, proc, the
+    wall clock when it began)"""
     project = write_project(tmp_path_factory.mktemp("own") / "project")
+    began = time.time()
     proc = subprocess.run(
         launch_cmd("run", *slurm_args("--nodes", "2"), "main.py", "--setup", SETUP,
                    "--run-id", "own", "--max-restarts", "1", "--env", "JOB_TOKEN=s3cr3t value",
@@ -45,11 +49,11 @@ def own_run(slurm_lab, tmp_path_factory):
         env={**os.environ, **slurm_env(slurm_lab),
              "LAUNCH_HOME": str(project.parent / "launch-home"),
              "FROM_SHELL": "from the shell", "NOT_PASSED": "launch's own"})
-    return project, proc
+    return project, proc, began
 
 
 def test_script_with_setup_and_args(slurm_lab, own_run):
-    project, proc = own_run
+    project, proc, _ = own_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = results(proc.stdout)
     assert sorted(seen) == [0, 1]
@@ -90,15 +94,19 @@ def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch,
                                                          own_run):
     env = slurm_env(slurm_lab)
     # The run with --max-restarts 1: torchrun, inside the job, restarted the ranks.
-    own, proc = own_run
+    own, proc, began = own_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step 3 in attempt 1" in proc.stdout
     summary = json.loads((own / "runs" / "own" / "summary.json").read_text())
     assert summary["status"] == "succeeded" and len(summary["restarts"]) == 1
+    # Every second accounted for (issue 39), as this machine saw them; the restart a loss.
+    check_timeline(own / "runs" / "own" / "summary.json", began, restarts=1)
     # Without restarts the run fails; --resume submits a new job into its folder.
+    failed_began = time.time()
     proc = run_launch("run", *slurm_args("--nodes", "2"), "main.py", "--run-id", "again",
                       "--", "--mode", "crash-once", cwd=project, env=env, timeout=300)
     assert proc.returncode == 1 and "rank 1 crashes once" in proc.stderr
+    resumed_began = time.time()
     proc = run_launch("run", *slurm_args(), "--resume", "again", cwd=project, env=env,
                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -107,6 +115,8 @@ def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch,
     assert (run / "attempts" / "1" / "job.sbatch").is_file()
     # The LAUNCH_ATTEMPT the ranks saw ("in attempt 1" above).
     assert json.loads((run / "summary.json").read_text())["attempt"] == 1
+    check_timeline(*(run / "attempts").glob("*/summary.json"), failed_began)
+    check_timeline(run / "summary.json", resumed_began)
     assert job_processes(slurm_lab) == {}
 
 

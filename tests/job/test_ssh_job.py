@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 
 from tests.conftest import launch_cmd
 from tests.job.project import HOSTILE_ARGS, SETUP, command_recipe, results, write_project
+from tests.run.timeline_check import check_timeline
 from tests.ssh.conftest import only_sshd_left
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -30,13 +32,18 @@ def same_id_runs(module_lab, tmp_path_factory):
     finishes it, then a new run reuses the id (another runs folder) with a setup command and
     arguments a shell would mangle. The crash test reads all three; the shipping test reads
     the third (one run fewer than a run of its own: ~15 s of CPU on the lab).
-    ({"crashed", "resumed", "fresh": CompletedProcess}, the project, what was left running)."""
+    ({"crashed", "resumed", "fresh": CompletedProcess}, the project, what was left running,
+    {the same names: the wall clock when each began})."""
     lab, project = module_lab, write_project(tmp_path_factory.mktemp("job") / "project")
     env = {**os.environ, "LAUNCH_HOME": str(project.parent / "launch-home"),
            "FROM_SHELL": "from the shell", "NOT_PASSED": "launch's own"}
     inventory = str(lab.inventory)
 
+    began: dict[str, float] = {}
+
     def launch(*args: str) -> subprocess.CompletedProcess:
+        began[args[-1] if args[-2:-1] == ("--resume",) else
+              "crashed" if "crash-once" in args else "fresh"] = time.time()
         return subprocess.run(launch_cmd(*args), cwd=project, env=env, text=True,
                               capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
 
@@ -47,14 +54,14 @@ def same_id_runs(module_lab, tmp_path_factory):
                            "--run-id", "again", "--runs-dir", "other-runs", "--env",
                            "JOB_TOKEN=s3cr3t value", "--env", "FROM_SHELL", "--",
                            *HOSTILE_ARGS)
-    return runs, project, only_sshd_left(lab)
+    return runs, project, only_sshd_left(lab), began
 
 
 def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs):
     """The project shipped without its ignored files (said at the start), setup with the
     node's interpreter first on PATH (~/.bashrc's pyenv shims came first once), --env's values
     on every rank and nothing else of launch's environment."""
-    runs, project, left = same_id_runs
+    runs, project, left, _ = same_id_runs
     proc = runs["fresh"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("the ignore rules left out 2 file(s) of 20 B and 1 folder(s), not shipped: "
@@ -100,7 +107,7 @@ def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs
 
 
 def test_a_crash_then_resume_on_the_same_hosts(lab, same_id_runs):
-    runs, _, left = same_id_runs
+    runs, project, left, began = same_id_runs
     proc = runs["crashed"]
     assert proc.returncode == 1
     # The exception first, though the rank printed 40 lines just before it.
@@ -115,6 +122,11 @@ def test_a_crash_then_resume_on_the_same_hosts(lab, same_id_runs):
     proc = runs["fresh"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from step" not in proc.stdout
+    # Every second of each accounted for (issue 39), the failed run's in its attempt's folder.
+    run = project / "runs" / "again"
+    check_timeline(*(run / "attempts").glob("*/summary.json"), began["crashed"])
+    check_timeline(run / "summary.json", began["again"])
+    check_timeline(project / "other-runs" / "again" / "summary.json", began["fresh"])
     assert left == {}
 
 

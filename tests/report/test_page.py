@@ -233,3 +233,31 @@ def test_where_comm_hook_auto_decided_is_marked(runs, browser):
             "step)") in text
     assert "comm hook auto;" in text
     assert "comm_hook auto kept plain all-reduce after step 38" in page.dom   # report.md's
+
+
+def test_a_job_s_time_plot_starts_with_the_run_and_names_what_came_before_its_first_step(
+        runs):
+    """Issue 39: the "seconds since the run started" plot starts at the run's start, with the
+    phases before the first step (summary.json's timeline) drawn as named bands. job-steps
+    was kept before launch wrote timelines: one is written here, as launch writes one (its
+    first step 6.1 s after the run's start)."""
+    run = runs / "job-steps"
+    summary = json.loads((run / "summary.json").read_text())
+    phases = [("start-up", 0.4), ("preflight", 0.5), ("preparation", 0.241),
+              ("to first step", 4.959), ("training", 4.0), ("stop", 0.3),
+              ("collection", 0.1), ("summary", 0.02), ("report", 0.5)]
+    summary["timeline"] = {
+        "wall_s": round(sum(s for _, s in phases), 3),
+        "phases": [{"name": name, "s": s} for name, s in phases],
+        "training_losses": [], "largest_losses": [], "kept_steps_s": 4.0,
+        "goodput": 0.36, "first_step_s": 6.1, "last_step_s": 10.1, "nodes": {}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    write_run_report(run)
+    html = (run / "report.html").read_text()
+    loss = html.split('<figure id="plot-loss">')[1].split("</figure>")[0]
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", loss)
+    for name in ("start-up", "preflight", "preparation", "to first step"):
+        assert name in texts, texts
+    assert "training" not in texts and "seconds since the run started" in loss
+    # The bands: one shaded rectangle per phase before the first step.
+    assert loss.count('fill: #d9d9d9') + loss.count('fill: #eeeeee') == 4

@@ -499,3 +499,47 @@ def test_a_peer_that_aborted_first_is_not_blamed_for_the_restart():
     [incident] = book.to_json()
     assert incident["node"] == "node1"
     assert incident["reason"] == "worker local_rank 0 (pid 15721) was killed by SIGKILL"
+
+
+# ---- a machine lost without a word ---------------------------------------------------------
+
+class QuietNode:
+    """A node as the recovery sees it: how long since it answered a look; forsaken when its
+    machine is gone."""
+
+    def __init__(self, name: str, quiet: float | None):
+        self.name, self.quiet, self.forsaken = name, quiet, False
+
+    def quiet_s(self):
+        return self.quiet
+
+    def forsake(self):
+        self.forsaken = True
+
+
+def test_a_quiet_node_is_ended_only_when_its_fleet_says_its_machine_is_gone(tmp_path):
+    from launcher.execute.recovery import FLEET_ASK_S, QUIET_S, Recovery
+
+    now = [0.0]
+    asked: list[str] = []
+    gone = {"host0": "lab host host0: its network namespace is gone"}
+
+    def node_lost(name):
+        asked.append(name)
+        return gone.get(name)
+
+    recovery = Recovery(1, None, 60, tmp_path, clock=lambda: now[0], node_lost=node_lost)
+    lost, loaded, answering = (QuietNode("host0", 0.0), QuietNode("host1", 0.0),
+                               QuietNode("host2", None))
+    recovery.start([lost, loaded, answering], 0.0)
+    recovery.trouble()
+    assert asked == []                          # every node answered lately: nobody asked
+    lost.quiet = loaded.quiet = QUIET_S + 0.5   # both silent: a lost machine, a loaded one
+    recovery.trouble()
+    assert asked == ["host0", "host1"] and lost.forsaken and not loaded.forsaken
+    now[0] += 1.0
+    recovery.trouble()                          # asked again only after FLEET_ASK_S
+    assert asked == ["host0", "host1"]
+    now[0] += FLEET_ASK_S
+    recovery.trouble()
+    assert asked[2:] == ["host1"] and not loaded.forsaken   # host0 ends: not asked again

@@ -2,7 +2,7 @@
 phases add up to the wall time, the job's part is split where its steps say, and goodput
 counts only the time in steps that were kept."""
 
-from launcher.runs.timeline import JOB, Timeline, describe
+from launcher.runs.timeline import FOLLOWING, JOB, Timeline, describe, handed_over
 
 
 class Clock:
@@ -135,3 +135,35 @@ def test_the_page_s_bar_escapes_what_the_run_folder_says():
     # training drawn as its kept part and its lost part
     assert "training: 5.00 s" in bar and "lost in training: 3.00 s" in bar
     assert timeline_bar({"wall_s": 0.0}) == "" and timeline_bar(None) == ""
+
+
+def test_a_handed_over_run_holds_this_machine_s_wall_time_with_the_controller_s_parts():
+    """A Slurm run followed by `launch run`: the controller's phases (its own host's clock,
+    durations only) sit inside this process's wall time, after its own start-up and
+    hand-over and the wait for the job; its moments move by what came before."""
+    controller_clock = Clock()
+    controller_clock.now = 5000.0                   # another host: another clock
+    inner = Timeline(start=4999.0, clock=controller_clock)
+    inner.begin(JOB)
+    controller_clock.advance(2.0)
+    run_with_steps(controller_clock, inner, range(1, 5))
+    inner.begin("report")
+    controller_clock.advance(0.5)
+    theirs = inner.to_json()                         # wall 7.5: 1 + 2 + 3 (+1 first) + 0.5
+
+    clock = Clock()
+    own = Timeline(start=99.0, clock=clock)
+    own.begin("hand-over")
+    clock.advance(0.5)
+    own.begin(FOLLOWING)
+    clock.advance(10.0)                              # 7.5 s the controller, 2.5 queued and seen
+    doc = handed_over(own, theirs)
+    got = [(p["name"], p["s"]) for p in doc["phases"]]
+    assert got[:4] == [("start-up", 1.0), ("hand-over", 0.5), ("queue and follow", 2.5),
+                       ("controller start-up", 1.0)]
+    assert got[-1] == ("report", 0.5)
+    assert doc["wall_s"] == 11.5 and doc["controller_wall_s"] == 7.5
+    assert abs(sum(s for _, s in got) - doc["wall_s"]) < 1e-6
+    assert doc["goodput"] == round(theirs["kept_steps_s"] / 11.5, 4)
+    assert doc["first_step_s"] == theirs["first_step_s"] + 4.0
+    assert doc["nodes"]["n0"]["first_step_s"] == theirs["nodes"]["n0"]["first_step_s"] + 4.0

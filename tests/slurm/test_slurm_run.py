@@ -14,6 +14,7 @@ import pytest
 from launcher.core.node_code import code_files, code_root, content_hash, controller_files
 from tests.conftest import launch_cmd
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
+from tests.run.timeline_check import check_timeline
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env, worker_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -26,6 +27,7 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, short_demo):
     dry = run_launch("run", str(recipe), *slurm_args("--nodes", "2"), "--dry-run",
                      "--json", "--run-id", "slurm-demo", env=env, check=True)
     planned = json.loads(dry.stdout)["script"]
+    began = time.time()
     proc = run_launch("run", str(recipe), *slurm_args("--nodes", "2"), "--run-id",
                       "slurm-demo", env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -66,6 +68,11 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, short_demo):
     assert code == {"sha256": content_hash(code_root(), files), "files": files}
     assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py",
             "launcher/commands/controller.py"} <= set(files)
+    # Every second accounted for (issue 39), as this machine saw them: the job's queue and
+    # hand-over, then the controller's parts inside the job.
+    timeline = check_timeline(run / "summary.json", began)
+    assert timeline["controller_wall_s"] < timeline["wall_s"]
+    assert set(timeline["nodes"]) == set(names)
     assert job_processes(slurm_lab) == {}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
+from tests.run.timeline_check import check_timeline
 from tests.ssh.conftest import lab_worker_pid, only_sshd_left, run_env_pids
 from launch_node import checkpoint_files as files
 
@@ -39,6 +40,7 @@ def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tm
     # after the stop that nothing here reads.
     recipe = write_recipe(tmp_path, train={"steps": 160, "log_every": 20},
                           checkpoint={"every_steps": 10, "keep": 2})
+    began = time.time()
     run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
                          "--run-id", "ssh-rec", "--rdzv-port", "29631", "--max-restarts", "2",
                          "--hang-timeout", "10"], tmp_path)
@@ -91,4 +93,6 @@ def test_a_killed_node_agent_and_a_stopped_rank_are_recovered_on_the_lab(lab, tm
     # The checkpoints were on the head's disk and came back with its folder.
     assert files.latest(run_dir / "host0" / files.CHECKPOINT_DIR).step == 160
     assert run_env_pids(lab, "host0", "ssh-rec") == [] == run_env_pids(lab, "host1", "ssh-rec")
+    # Every second accounted for (issue 39): both restarts are named losses.
+    check_timeline(run_dir / "summary.json", began, restarts=2)
     assert only_sshd_left(lab) == {}

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.core.node_code import code_files, code_root, content_hash
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
+from tests.run.timeline_check import check_timeline
 from tests.ssh.conftest import lab_worker_pid, only_sshd_left, run_env_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -19,6 +20,7 @@ def test_demo_over_ssh_matches_local_run_and_collects_logs(lab, run_launch, repo
                                                            short_demo):
     recipe, local_proc, local_run = short_demo
     assert local_proc.returncode == 0, local_proc.stdout[-3000:] + local_proc.stderr[-3000:]
+    began = time.time()
     proc = run_launch("run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
                       "--run-id", "ssh-demo", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -46,6 +48,9 @@ def test_demo_over_ssh_matches_local_run_and_collects_logs(lab, run_launch, repo
     files = code_files(code_root())
     assert code == {"sha256": content_hash(code_root(), files), "files": files}
     assert {"launch_node/worker.py", "train/main.py", "launch_bench/bench.py"} <= set(files)
+    # Every second accounted for (issue 39), each node's setup and exit among them.
+    timeline = check_timeline(run / "summary.json", began)
+    assert all("exited_s" in timeline["nodes"][host] for host in ("host0", "host1"))
     assert only_sshd_left(lab) == {}
 
 

@@ -63,8 +63,20 @@ class FolderHome:
     def fetch(self, dest: Path) -> int:
         return 0   # the run folder is here already
 
-    def settle(self, status: str | None = None, reason: str | None = None) -> None:
-        """Once the run ended: nothing to add here."""
+    def settle(self, status: str | None = None, reason: str | None = None,
+               amend=None) -> None:
+        """Once the run ended: `amend(summary)`'s changes to its summary.json, if any."""
+        if amend is None:
+            return
+        from launcher.core import safefile
+
+        path = self.root / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        amend(summary)
+        safefile.write_json(path, summary, within=self.root.parent)
 
     def ending(self) -> str | None:
         """Why the run's home ended it, when neither the run nor launch did: nothing here."""

@@ -129,10 +129,11 @@ class SlurmHome(FolderHome):
         return f"{info.describe()}; {out}" + (f":\n{tail}" if tail else "")
 
     def settle(self, status: str | None = None, reason: str | None = None,
-               wait_s: float = 30.0) -> None:
+               amend=None, wait_s: float = 30.0) -> None:
         """The job's final state (waited for: its steps may still be ending) in the run's
         summary.json, as `slurm`; a summary made when the run never wrote one (`status`,
-        `reason`: it was cancelled before it started, or Slurm ended it)."""
+        `reason`: it was cancelled before it started, or Slurm ended it); `amend(summary)`'s
+        changes (the timeline as the following `launch run` saw it)."""
         from launcher.core import safefile
 
         info = self.final(wait_s)
@@ -153,4 +154,6 @@ class SlurmHome(FolderHome):
                                   "interrupted": status == "interrupted"}
         summary["slurm"] = {**info.to_json(), "sbatch": doc.get("sbatch"),
                             "script": doc.get("script")}
+        if amend is not None:
+            amend(summary)
         safefile.write_json(path, summary, within=self.root.parent)

@@ -210,6 +210,18 @@ class SshNodeProcess:
     def heartbeats(self) -> list[dict[str, Any]]:
         return self._watcher.ask("heartbeats")
 
+    def quiet_s(self) -> float | None:
+        """Seconds since the node last answered the hang watch's look (every 2 s at most)."""
+        return self._watcher.quiet_s()
+
+    def forsake(self) -> None:
+        """The node's machine is gone (its fleet said so): its connection closed now, so the
+        node ends (poll: 255) without waiting for TCP to give up on a host that will never
+        answer (keepalives, TCP_USER_TIMEOUT: ~20 s)."""
+        transport = self.conn.client.get_transport()
+        if transport is not None:
+            transport.close()
+
     def activity(self) -> dict[str, Any]:
         return self._watcher.ask("activity")
 

@@ -187,7 +187,11 @@ class SshHome:
         self._sftp_session()
         return len(fetch_tree(self._conn, self.root, Path(dest), skip=(), within=Path(dest).parent))
 
-    def settle(self, status: str | None = None, reason: str | None = None) -> None:
+    def settle(self, status: str | None = None, reason: str | None = None,
+               amend=None) -> None:
+        # The run folder is on the controller's host; no `launch run` follows a run handed
+        # over there (SSH runs attached here, or detached: `launch attach`'s wall time is
+        # not the run's), so nothing is amended.
         pass
 
     def ending(self) -> str | None:
