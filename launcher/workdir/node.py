@@ -453,7 +453,7 @@ class Copy:
         with _open_file(fd, name) as source:
             if stat_key(os.fstat(source)) != key or _file_sha(source) != record[0]:
                 return False
-            if stat_key(os.fstat(source)) != key:
+            if stat_key(os.fstat(source)) != key:   # written while it was read
                 return False
         record[2:] = key
         self.refreshed = True
