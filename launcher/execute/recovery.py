@@ -42,9 +42,11 @@ LOADED = re.compile(r"read and shared in (?P<s>[0-9.]+)s")
 FIRST_STEP = re.compile(r"^step (?P<step>\d+): first step since the restart")
 # A machine lost without a word (a spot reclaim, a host pulled): its node stops answering the
 # hang watch's looks (every 2 s at most) at once, where its SSH connection fails only when TCP
-# gives up (keepalives every 5 s, TCP_USER_TIMEOUT 20 s). Quiet this long, the node's fleet is
-# asked whether its machine is gone (at most this often per node): more than two missed looks,
-# and seconds of room for a loaded machine's late answer, which the fleet then clears.
+# gives up (keepalives every 5 s, TCP_USER_TIMEOUT 20 s). A look unanswered this long, the
+# node's fleet is asked whether its machine is gone (at most this often per node): a node's
+# look takes well under a second, and this leaves seconds of room for a loaded machine's late
+# answer, which the fleet then clears. A paused watch (a restart, forensics) asks nothing and
+# so makes no node quiet (launcher/execute/watcher_answers.py KeptWatcher.quiet_s).
 QUIET_S = 5.0
 FLEET_ASK_S = 5.0
 
@@ -322,7 +324,7 @@ class Recovery:
         return report, restart, lines
 
     def gone_quietly(self) -> None:
-        """A node that has not answered the hang watch's looks for QUIET_S: its fleet asked
+        """A node that has left a look of the hang watch unanswered for QUIET_S: its fleet asked
         (at most every FLEET_ASK_S) whether its machine is gone; if so, its connection is
         closed (`forsake`), and the node ends now, as when its connection drops, instead of
         when TCP gives up on it (~20 s). Silence alone decides nothing: a loaded machine that

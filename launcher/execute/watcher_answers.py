@@ -73,28 +73,37 @@ class KeptWatcher:
         self._watcher: Watcher | None = None
         self._lock = threading.Lock()
         self.clock = clock
-        # When the node last answered a look: the hang watch looks every 2 s at most, so a
-        # node that has not answered for much longer may be gone (launcher/execute/recovery.py
-        # asks its fleet then).
-        self.answered_at: float | None = None
+        # When the look now waiting for the node's answer was asked (None: none waits), and
+        # whether the node ever answered. A node is quiet while a look waits unanswered, not
+        # merely since its last answer: the hang watch pauses (a restart, forensics) and, at
+        # hundreds of nodes, goes round them slower than every 2 s, and neither is silence
+        # (launcher/execute/recovery.py asks the node's fleet about a quiet node).
+        self._asked_at: float | None = None
+        self._answered = False
 
     def ask(self, what: str, timeout: float = 15) -> Any:
         with self._lock:
-            if self._watcher is not None and not self._watcher.alive():
-                self._close()
-            if self._watcher is None:
-                self._watcher = self._start()
+            self._asked_at = self.clock()
             try:
-                answer = self._watcher.ask(what, timeout)
-            except Exception:
-                self._close()
-                raise
-            self.answered_at = self.clock()
-            return answer
+                if self._watcher is not None and not self._watcher.alive():
+                    self._close()
+                if self._watcher is None:
+                    self._watcher = self._start()
+                try:
+                    answer = self._watcher.ask(what, timeout)
+                except Exception:
+                    self._close()
+                    raise
+                self._answered = True
+                return answer
+            finally:
+                self._asked_at = None
 
     def quiet_s(self) -> float | None:
-        """Seconds since the node last answered a look; None before its first answer."""
-        return None if self.answered_at is None else self.clock() - self.answered_at
+        """Seconds the look now waiting has gone unanswered; None while no look waits, or
+        before the node's first answer (its watcher may still be starting)."""
+        asked = self._asked_at
+        return None if asked is None or not self._answered else self.clock() - asked
 
     def close(self) -> None:
         with self._lock:

@@ -79,3 +79,38 @@ def test_one_watcher_is_kept_replaced_when_it_died_or_failed_and_closed_at_the_e
     assert len(made) == 3
     kept.close()
     assert made[2].closed
+
+
+def test_a_node_is_quiet_only_while_a_look_waits_unanswered():
+    """What launcher/execute/recovery.py asks the fleet about: a look the node has not
+    answered, not the time since its last answer (a paused hang watch, a slow round of looks
+    over hundreds of nodes, asks nothing and makes no node quiet)."""
+    import threading
+
+    now = [0.0]
+    asked, release = threading.Event(), threading.Event()
+
+    class Hanging(_Fake):
+        hang = False
+
+        def ask(self, what, timeout):
+            if self.hang:
+                asked.set()
+                release.wait(10)
+            return super().ask(what, timeout)
+
+    made: list = []
+    kept = KeptWatcher(lambda: Hanging(made), clock=lambda: now[0])
+    kept.ask("heartbeats")
+    assert kept.quiet_s() is None            # answered, nothing waits
+    now[0] += 600.0                          # the watch paused for ten minutes: not silence
+    assert kept.quiet_s() is None
+    made[0].hang = True                      # the machine vanished under the next look
+    look = threading.Thread(target=kept.ask, args=("heartbeats",))
+    look.start()
+    assert asked.wait(10)
+    now[0] += 7.0
+    assert kept.quiet_s() == 7.0             # this look's wait, not the ten minutes before
+    release.set()
+    look.join(10)
+    assert kept.quiet_s() is None            # answered late (a loaded machine): quiet no more

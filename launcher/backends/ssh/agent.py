@@ -211,7 +211,8 @@ class SshNodeProcess:
         return self._watcher.ask("heartbeats")
 
     def quiet_s(self) -> float | None:
-        """Seconds since the node last answered the hang watch's look (every 2 s at most)."""
+        """Seconds the hang watch's look now waiting on the node has gone unanswered (None
+        while none waits)."""
         return self._watcher.quiet_s()
 
     def forsake(self) -> None:
