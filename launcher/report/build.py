@@ -42,6 +42,7 @@ from launcher.runs.schema import (MAX_SMALL, BackendRecord, BandwidthRecord, Met
                                 NodeFacts, PlanRecord, ResultRecord, SummaryRecord, read_lines,
                                 read_record)
 from launcher.core.table import printable
+from launcher.runs.screen import SCREEN_ALL_NODES
 from launcher.runs.timeline import describe as describe_timeline
 
 REPORT_JSON = "report.json"
@@ -794,6 +795,20 @@ def write_run_report(run_dir: str | Path, *, bench: str | Path | None = None) ->
     return report
 
 
+def job_folder_lines(folders: dict[str, str], run_dir: str | Path) -> list[str]:
+    """Where each node's job ran, and what it wrote stays (checkpoints, logs), not in the next
+    run's folder: a line per node as far as the terminal shows every node's lines
+    (runs/screen.py); beyond, the head's and where the others are listed (256 lines at the end
+    of a 256-node run would bury its result)."""
+    items = list(folders.items())
+    shown = items if len(items) <= SCREEN_ALL_NODES else items[:1]
+    lines = [f"launch: job folder of {printable(node)}: {printable(path)}" for node, path in shown]
+    if len(shown) < len(items):
+        lines.append(f"launch: the job folders of the other {len(items) - len(shown)} node(s) "
+                     f"are in {Path(run_dir) / REPORT_MD} (Job)")
+    return lines
+
+
 def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> dict:
     """After a run: where the report is, then its warnings (red on a terminal) and advice;
     returns the report."""
@@ -802,9 +817,8 @@ def print_run_report(run_dir: str | Path, stream: TextIO | None = None) -> dict:
     color = stream.isatty()
     stream.write(f"launch: report in {Path(run_dir) / REPORT_MD}; with plots: "
                  f"{Path(run_dir) / REPORT_HTML}\n")
-    for node, path in ((report.get("job") or {}).get("folders") or {}).items():
-        # What the run wrote (checkpoints, logs) is there, not in the next run's folder.
-        stream.write(f"launch: job folder of {printable(node)}: {printable(path)}\n")
+    for line in job_folder_lines((report.get("job") or {}).get("folders") or {}, run_dir):
+        stream.write(line + "\n")
     for warning in report["warnings"]:
         text = f"launch: warning: {printable(warning)}"
         stream.write(f"{RED}{text}{RESET}\n" if color else text + "\n")

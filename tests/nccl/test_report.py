@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from launcher.report.build import (RED, RESET, ReportError, build_report, print_run_report,
-                                  render_markdown, write_run_report)
+from launcher.report.build import (RED, RESET, ReportError, build_report, job_folder_lines,
+                                   print_run_report, render_markdown, write_run_report)
 from tests.nccl.runfolders import build_runs
 from tests.run.conftest import write_recipe
 
@@ -242,3 +242,13 @@ def test_report_of_a_real_local_run(run_launch, tmp_path, monkeypatch):
     shutil.rmtree(run / "node0" / "torchrun")  # logs the report does not read
     write_run_report(run)
     assert json.loads((run / "report.json").read_text()) == json.loads(before)
+
+
+def test_the_job_folders_are_a_line_per_node_up_to_the_screen_limit_then_one(tmp_path):
+    few = {f"node{i}": f"/w/copy.runs/r.u/node{i}" for i in range(8)}
+    assert job_folder_lines(few, tmp_path) == [
+        f"launch: job folder of node{i}: /w/copy.runs/r.u/node{i}" for i in range(8)]
+    many = {f"host{i}": f"/w/copy.runs/r.u/host{i}" for i in range(256)}
+    assert job_folder_lines(many, tmp_path) == [
+        "launch: job folder of host0: /w/copy.runs/r.u/host0",
+        f"launch: the job folders of the other 255 node(s) are in {tmp_path / 'report.md'} (Job)"]
