@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 from launcher.core.errors import LauncherError
-from launcher.job.recipe import MAX_ENV_VALUE, env_name_problem
+from launcher.job.recipe import MAX_ENV_VALUE, env_name_problem, env_value_problem
 
 # What login(1), sshd and pam_env give a session (see environ(7)), and the terminal.
 LOGIN_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
@@ -73,7 +73,8 @@ def env_flags(items: list[str] | None, environ: Mapping[str, str]) -> dict[str, 
                     f"--env {name}: {name} is not set in launch's environment; set it "
                     f"(export {name}=...) or give the value (--env {name}=VALUE)")
             value = environ[name]
-        why = env_name_problem(name) if name else "the name is empty (--env NAME=VALUE)"
+        why = (env_name_problem(name) or env_value_problem(name, value)) if name \
+            else "the name is empty (--env NAME=VALUE)"
         if why:
             raise LauncherError(f"--env {item if eq else name}: {why}")
         if "\0" in value:

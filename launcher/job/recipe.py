@@ -58,8 +58,19 @@ RESERVED_ENV = {
 }
 
 
-# launch's own settings read on the node, which a recipe's env: or --env may give.
-SETTINGS_ENV = ("LAUNCH_JOB_FOLDERS_KEPT",)   # launch_node/job_folder.py KEEP_ENV
+# launch's own settings read on the node, which a recipe's env: or --env may give, each with
+# what its value must be: checked here, before a run starts, not by each node's first rank.
+SETTINGS_ENV = {
+    "LAUNCH_JOB_FOLDERS_KEPT": "a whole number of runs, 1 or more",   # launch_node/job_folder.py
+}
+
+
+def env_value_problem(name: str, value: str) -> str | None:
+    """Why `value` cannot be given to the setting `name` (SETTINGS_ENV), or None."""
+    if name in SETTINGS_ENV and not (value.isascii() and value.isdigit() and len(value) < 10
+                                     and int(value) >= 1):
+        return f"the value {shorten(value)} is not {SETTINGS_ENV[name]}"
+    return None
 
 
 def reserved_env_reason(name: str) -> str | None:
@@ -473,6 +484,9 @@ class Recipe(_Strict):
             if why:
                 raise ValueError(why)
             text = str(item)
+            why = env_value_problem(key, text)
+            if why:
+                raise ValueError(f"{key}: {why}")
             if "\0" in text:
                 raise ValueError(f"{key}: the value holds a NUL byte, which no environment "
                                  "variable can carry")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.recipe import SETTINGS_ENV, reserved_env_reason
+from launcher.core.errors import LauncherError, RecipeError
+from launcher.job.environment import env_flags
+from launcher.job.recipe import SETTINGS_ENV, recipe_from_mapping, reserved_env_reason
 from launcher.job.runplan import JOB_FOLDERS, job_folder as planned_folder
 from launcher.workdir.scan import scan_workdir
 from launcher.workdir.sync import ship_local
@@ -60,10 +62,26 @@ def run_job(copy: str, digest: str, run: str, node: str = "node0",
 def test_the_layout_agrees_with_the_plan():
     assert JOB_FOLDERS == job_folder.RUNS
     # The one LAUNCH_ name a recipe's env: or --env may set: the setting read on the node.
-    assert SETTINGS_ENV == (job_folder.KEEP_ENV,) and reserved_env_reason(job_folder.KEEP_ENV) \
+    assert list(SETTINGS_ENV) == [job_folder.KEEP_ENV] and reserved_env_reason(job_folder.KEEP_ENV) \
         is None and reserved_env_reason("LAUNCH_NODE") is not None
     assert job_folder.place("/c", planned_folder("/c", "run-1", "0a1b", "node0")) == \
         ("run-1.0a1b", "node0")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "five", "1e3", "", "99999999999"])
+def test_a_bad_number_of_job_folders_kept_is_refused_before_the_run_naming_it(value):
+    """Refused where it is given (the recipe's env:, --env), not by every node's first rank."""
+    def recipe(kept: str):
+        return recipe_from_mapping({"name": "r", "job": {"command": ["true"]},
+                                    "env": {job_folder.KEEP_ENV: kept}}, "r.yml")
+
+    with pytest.raises(RecipeError, match=f"r.yml: env: {job_folder.KEEP_ENV}: the value .* "
+                                          "is not a whole number of runs"):
+        recipe(value)
+    with pytest.raises(LauncherError, match=f"--env {job_folder.KEEP_ENV}=.*: the value .* is "
+                                            "not a whole number of runs"):
+        env_flags([f"{job_folder.KEEP_ENV}={value}"], {})
+    assert recipe("3").env == {job_folder.KEEP_ENV: "3"}
 
 
 def test_each_run_and_node_runs_in_its_own_folder_and_keeps_what_it_wrote(tmp_path):
