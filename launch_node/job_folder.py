@@ -10,6 +10,9 @@ machine (`--local`) never write each other's files.
         .launch-lock       shared by every rank of the run on this machine, from before its
                            first line until it ends (kept across exec); its mtime: when the
                            run last started a rank here (which runs are the newest)
+        .launch-shipped.<node>   what the view held when it was made: a line per regular
+                           file (inode, size, mtime, path), so that what the run wrote is
+                           told from what was shipped (run_files, `launch fetch --workdir`)
         <node>/            the job's folder: every regular file of the copy hard-linked (one
                            link per file, no data copied), folders and symbolic links made
                            anew, launch's own `.launch-*` files at the copy's top left out
@@ -39,6 +42,7 @@ RUNS = ".runs"
 LOCK = ".launch-lock"
 OWN = ".launch-"
 STAGING = ".launch-staging-"
+SHIPPED = ".launch-shipped."
 KEEP_ENV = "LAUNCH_JOB_FOLDERS_KEPT"
 KEEP = 5
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -195,24 +199,52 @@ def _build(copy: str, run_fd: int, node: str, where: str) -> tuple[int, str]:
     staging = f"{STAGING}{node}"
     os.mkdir(staging, 0o700, dir_fd=run_fd)
     top = os.open(copy, os.O_RDONLY | os.O_DIRECTORY)
+    shipped: list[str] = []
     try:
         out = os.open(staging, _DIR, dir_fd=run_fd)
         try:
             counts = [0, ""]
-            _link_tree(top, out, counts, top_level=True)
+            _link_tree(top, out, counts, top_level=True, shipped=shipped)
             os.fchmod(out, stat.S_IMODE(os.fstat(top).st_mode) | 0o700)
         finally:
             os.close(out)
     finally:
         os.close(top)
+    # Written before the folder is in place: a view is never there without its record.
+    _write_new(run_fd, SHIPPED + node, "".join(shipped).encode("utf-8", "surrogateescape"))
     os.rename(staging, node, src_dir_fd=run_fd, dst_dir_fd=run_fd)
     return counts[0], counts[1]
 
 
-def _link_tree(src: int, dst: int, counts: list, top_level: bool = False) -> None:
+def _write_new(parent: int, name: str, data: bytes) -> None:
+    """`name` in folder `parent` holding `data`, replacing whatever was there (a record left
+    by a rank killed midway), never written through a link."""
+    try:
+        _remove(parent, name)
+    except FileNotFoundError:
+        pass
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,
+                 dir_fd=parent)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _record(rel: str, st: os.stat_result) -> str:
+    # Tab-separated, the path last: a path may hold tabs but never a newline (that one file,
+    # rare, is then always counted as the run's: the safe side for a fetch).
+    return f"{st.st_ino}\t{st.st_size}\t{st.st_mtime_ns}\t{rel}\n"
+
+
+def _link_tree(src: int, dst: int, counts: list, top_level: bool = False,
+               shipped: list[str] | None = None, prefix: str = "") -> None:
     """Every entry of folder `src` into folder `dst`: regular files hard-linked (copied where
     that fails), folders made and filled, symbolic links made with the same target; nothing
-    else (FIFOs, sockets, devices: never shipped; setup's are left out). Never follows a link."""
+    else (FIFOs, sockets, devices: never shipped; setup's are left out). Never follows a link.
+    Each regular file made is recorded in `shipped` (_record), by its path from the top."""
     with os.scandir(src) as listing:
         names = [e.name for e in listing]
     for name in names:
@@ -228,7 +260,8 @@ def _link_tree(src: int, dst: int, counts: list, top_level: bool = False) -> Non
             try:
                 inner_dst = os.open(name, _DIR, dir_fd=dst)
                 try:
-                    _link_tree(inner_src, inner_dst, counts)
+                    _link_tree(inner_src, inner_dst, counts, shipped=shipped,
+                               prefix=f"{prefix}{name}/")
                     os.fchmod(inner_dst, stat.S_IMODE(st.st_mode) | 0o700)
                 finally:
                     os.close(inner_dst)
@@ -245,6 +278,9 @@ def _link_tree(src: int, dst: int, counts: list, top_level: bool = False) -> Non
                 copy_file(src, dst, name)
                 counts[0] += 1
                 counts[1] = counts[1] or os.strerror(err.errno)
+            if shipped is not None and "\n" not in name:
+                shipped.append(_record(prefix + name,
+                                       os.stat(name, dir_fd=dst, follow_symlinks=False)))
 
 
 def copy_file(src: int, dst: int, name: str) -> None:
@@ -271,6 +307,91 @@ def copy_file(src: int, dst: int, name: str) -> None:
             os.close(out)
     finally:
         os.close(source)
+
+
+def run_files(job_folder: str) -> tuple[list[tuple[str, int]], str]:
+    """What the run wrote in its job folder: (path from the folder, size) of every regular
+    file that was not in the view when it was made, or is no longer what was put there (the
+    job replaced it, or rewrote it in place: its size or mtime moved), but for Python's
+    byte-code cache (`__pycache__/`: an import's by-product, not the run's output); and how
+    that was told: "record" (the view's .launch-shipped record), or "links" for a view made before launch
+    kept that record (a file with one link is the run's; a shipped file it rewrote in place
+    is then missed). Symbolic links and other non-files are not listed; no link is followed.
+    JobFolderError when the folder is not there."""
+    run_folder, node = os.path.split(job_folder.rstrip("/"))
+    shipped: dict[str, tuple[int, int, int]] | None = None
+    try:
+        with open(os.path.join(run_folder, SHIPPED + node), "rb") as f:
+            raw = f.read().decode("utf-8", "surrogateescape")
+        shipped = {}
+        for line in raw.splitlines():
+            ino, size, mtime, rel = line.split("\t", 3)
+            shipped[rel] = (int(ino), int(size), int(mtime))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        shipped = None   # unreadable: the links tell it, as for an old view
+    try:
+        top = os.open(job_folder, _DIR)
+    except OSError as err:
+        raise JobFolderError(f"{job_folder}: {err.strerror} (a run's job folder is removed "
+                             "once newer runs than the newest kept ones have run)") from None
+    out: list[tuple[str, int]] = []
+    try:
+        _list_run_files(top, "", shipped, out)
+    finally:
+        os.close(top)
+    return out, "record" if shipped is not None else "links"
+
+
+def _list_run_files(folder: int, prefix: str, shipped, out: list) -> None:
+    with os.scandir(folder) as listing:
+        names = [e.name for e in listing]
+    for name in sorted(names):
+        try:
+            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        rel = prefix + name
+        if stat.S_ISDIR(st.st_mode):
+            if name == "__pycache__":
+                continue
+            try:
+                inner = os.open(name, _DIR, dir_fd=folder)
+            except OSError:
+                continue   # unreadable (the job took its own bits off): nothing to take
+            try:
+                _list_run_files(inner, rel + "/", shipped, out)
+            finally:
+                os.close(inner)
+        elif stat.S_ISREG(st.st_mode):
+            if shipped is None:
+                if st.st_nlink == 1:
+                    out.append((rel, st.st_size))
+            elif shipped.get(rel) != (st.st_ino, st.st_size, st.st_mtime_ns):
+                out.append((rel, st.st_size))
+
+
+def open_run_file(job_folder: str, rel: str) -> int:
+    """A descriptor of file `rel` of the job folder, opened for reading with no link followed
+    on the way (every folder from its parent with O_NOFOLLOW) and no FIFO waited on: the job
+    writes in these folders, and may have put a link where a file was listed."""
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise JobFolderError(f"{rel!r}: not a path inside the job folder")
+    fd = os.open(job_folder, _DIR)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        out = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise JobFolderError(f"{rel}: no longer a regular file")
+    return out
 
 
 def _retire(runs: int, current: str, keep: int) -> list[str]:

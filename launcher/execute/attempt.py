@@ -93,6 +93,7 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
             services=services, after=lambda: session.collect(plan, folder, lost(plan)),
             prepare=preparation(session, plan, backend.capabilities.one_machine, timeline),
             verdict=notices.judge, node_lost=node_lost, backend=backend.name,
+            backend_settings=backend.to_json(),
             all_lines=request.all_lines, timeline=timeline)
     finally:
         session.close()
@@ -177,7 +178,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  prepare: Callable[..., None] | None = None,
                  verdict: Callable[[Outcome], Outcome] | None = None,
                  node_lost: Callable[[str], str | None] | None = None,
-                 backend: str | None = None, all_lines: bool = False,
+                 backend: str | None = None, backend_settings: dict | None = None,
+                 all_lines: bool = False,
                  timeline: Timeline | None = None) -> dict[str, Any]:
     """Runs the plan (the rendezvous `store` process and other `services` first, when given);
     returns the summary, or raises RunFailed after writing it. `prepare(router, notify,
@@ -191,7 +193,11 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     each phase's beginning (launcher/runs/timeline.py); summary.json carries it."""
     display = display or make_display()
     timeline = timeline or Timeline()
-    folder.write_json("plan.json", {**plan.to_json(), **({"backend": backend} if backend else {})})
+    # The backend and how it is made again: `launch fetch RUN --workdir` reaches the nodes
+    # of an attached run by it.
+    folder.write_json("plan.json", {**plan.to_json(), **({"backend": backend} if backend else {}),
+                                    **({"backend_settings": backend_settings}
+                                       if backend_settings is not None else {})})
     folder.keep_recipe(plan.recipe_source, plan.recipe_text)
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
                         plan.recovery.restart_deadline_s, folder.root,

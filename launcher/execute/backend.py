@@ -23,6 +23,9 @@ every backend. The verbs, after torchx's scheduler API and SkyPilot's backend:
                                                             started where the run lives
     backend.home(handle)                    -> RunHome      that run's folder and controller,
                                                             from here (attach, logs, stop)
+    backend.fetch_job_files(targets, dest)  -> [NodeFiles]  what a run wrote in its nodes' job
+                                                            folders, copied here (fetch
+                                                            --workdir)
 
 and what it can do (`capabilities`): docs/backends.md's table is made from these, and nothing
 outside launcher/backends/ asks which backend it has.
@@ -185,6 +188,7 @@ class Backend(Protocol):
     def open(self, request: RunRequest, nodes: list[Node], uid: str) -> Session: ...
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult: ...
+    def fetch_job_files(self, targets: list, dest: Any, dry_run: bool = False) -> list: ...
     def to_json(self) -> dict[str, Any]: ...      # how its controller makes it again
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -806,6 +807,13 @@ def job_folder_lines(folders: dict[str, str], run_dir: str | Path) -> list[str]:
     if len(shown) < len(items):
         lines.append(f"launch: the job folders of the other {len(items) - len(shown)} node(s) "
                      f"are in {Path(run_dir) / REPORT_MD} (Job)")
+    if items:
+        run = Path(run_dir)
+        where = "" if run.parent.resolve() == Path("runs").resolve() \
+            else f" --runs-dir {shlex.quote(printable(str(run.parent)))}"
+        lines.append(f"launch: what the job wrote there comes here with `launch fetch "
+                     f"{printable(run.name)} --workdir{where}` (into {printable(str(run))}"
+                     "/workdir/NODE/)")
     return lines
 
 

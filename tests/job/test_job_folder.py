@@ -5,6 +5,7 @@ real worker.py processes, real flock(2)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -206,3 +207,95 @@ def test_the_next_ship_keeps_the_linked_copy_and_repairs_a_file_written_in_place
     assert stats.files_sent == 1 and Path(copy, "train.py").read_text() == "v1"
     assert Path(view(copy, "r1"), "train.py").read_text() == "v9"
     assert run_job(copy, digest, "r2").stdout.split()[3] == "v1"
+
+
+def test_what_a_run_wrote_is_told_from_what_was_shipped_and_fetched_safely(tmp_path):
+    """`launch fetch --workdir`'s listing (job_folder.run_files) and its copy here
+    (launcher/workdir/job_files.py): what the run made or changed comes back, the shipped and
+    setup's files do not, whatever a later ship did to the copy; no link is followed, and no
+    path a node names leaves the node's folder here."""
+    from launcher.workdir.job_files import Target, checked, copy_here, fetch_here, list_here
+
+    copy, digest = shipped(tmp_path)
+    assert run_job(copy, digest, "r1").returncode == 0
+    assert run_job(copy, digest, "r2").returncode == 0
+    # A later ship changes the copy under both runs' views: r2 wrote only its snapshot.
+    Path(tmp_path, "project", "train.py").write_text("v3")
+    ship_local(scan_workdir(tmp_path / "project"), tmp_path / "node" / "copy")
+    assert job_folder.run_files(view(copy, "r2")) == ([("snapshot.pt", 2)], "record")
+    folder = Path(view(copy, "r1"))
+    (folder / "out").mkdir()
+    (folder / "out" / "ckpt.pt").write_bytes(b"\0weights" * 1000)
+    with open(folder / "pkg" / "deep" / "model.py", "r+") as f:   # in place, through the link
+        f.write("weights = 2\n")
+    (folder / "new.py").write_text("v2")
+    os.replace(folder / "new.py", folder / "train.py")            # replaced by rename
+    os.symlink("/etc/passwd", folder / "leak")
+    (folder / "pkg" / "__pycache__").mkdir()
+    (folder / "pkg" / "__pycache__" / "deep.cpython-311.pyc").write_bytes(b"\x00")
+    files, how = job_folder.run_files(str(folder))
+    assert how == "record"
+    assert [rel for rel, _ in files] == ["out/ckpt.pt", "pkg/deep/model.py", "snapshot.pt",
+                                         "train.py"]
+    assert dict(files)["out/ckpt.pt"] == 8000
+    # Copied here under the node's name, byte for byte; a file turned into a link after the
+    # listing is skipped, not followed.
+    dest = tmp_path / "here" / "workdir"
+    dest.mkdir(parents=True)
+    got = list_here(Target("node0", str(folder)))
+    os.remove(folder / "snapshot.pt")
+    os.symlink("/etc/passwd", folder / "snapshot.pt")
+    copy_here(got, dest / "node0", within=dest)
+    assert got.error is None and got.copied == 3
+    assert len(got.skipped) == 1 and got.skipped[0].startswith("snapshot.pt: ")
+    assert (dest / "node0" / "out" / "ckpt.pt").read_bytes() == b"\0weights" * 1000
+    assert (dest / "node0" / "train.py").read_text() == "v2"
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "node0/out/ckpt.pt", "node0/pkg/deep/model.py", "node0/train.py"]
+    # A view made before launch kept its record: files with one link are the run's.
+    os.remove(folder.parent / (job_folder.SHIPPED + "node0"))
+    files, how = job_folder.run_files(str(folder))
+    assert how == "links" and [rel for rel, _ in files] == ["out/ckpt.pt", "train.py"]
+    # A removed folder is said, not a traceback.
+    [gone] = fetch_here([Target("node9", str(folder.parent / "node9"))], dest)
+    assert "node9" in gone.error and "removed once newer runs" in gone.error
+    # What a node answers is checked before anything is written here.
+    for bad in ("../outside", "/etc/x", "a//b", "a/./b"):
+        with pytest.raises(job_folder.JobFolderError, match="not a path inside"):
+            checked([[bad, 1]], "node0")
+
+
+def test_fetching_job_folders_names_what_is_missing(tmp_path):
+    """`launch fetch RUN --workdir` where it cannot reach the nodes: the file and what to do,
+    no traceback."""
+    from tests.conftest import launch_cmd
+
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / "launch.json").write_text('{"run_id": "x"}')
+    node = {"name": "h0", "job_dir": "/w/c.runs/x.u/h0", "probe": ["python3"]}
+
+    def fetch(plan):
+        if plan is not None:
+            (run / "plan.json").write_text(json.dumps(plan))
+        return subprocess.run(launch_cmd("fetch", "x", "--workdir"), cwd=tmp_path, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    gone = tmp_path / "gone.ini"
+    cases = [
+        (None, f"{run / 'plan.json'} is missing: the run ended before its nodes were planned"),
+        ({"backend": "ssh", "nodes": [node]}, "does not say how its nodes were reached (a run "
+         "of an older launch): name where it ran (-i INVENTORY, --cluster NAME"),
+        ({"backend": "ssh", "backend_settings": {"inventory": str(gone)}, "nodes": [node]},
+         f"{gone}: cannot read the inventory: no such file or folder (as {run / 'plan.json'} "
+         "names it): name where the run's nodes are now (-i INVENTORY or --cluster NAME)"),
+    ]
+    for plan, says in cases:
+        proc = fetch(plan)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    proc = fetch({"backend": "local", "backend_settings": {}, "nodes": [node]})
+    assert proc.returncode == 1 and "h0: its job folder /w/c.runs/x.u/h0 could not be read: " \
+        "/w/c.runs/x.u/h0: No such file or directory (a run's job folder is removed once " \
+        "newer runs" in proc.stderr
+    assert not (run / "workdir" / "h0").exists()

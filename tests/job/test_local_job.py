@@ -97,6 +97,16 @@ def test_script_with_its_package_data_args_and_setup(run_launch, project):
     # --env's values are kept nowhere but where the ranks read them.
     assert "s3cr3t" not in (run / "plan.json").read_text() + (run / "recipe.yml").read_text()
     assert not run_pids("own")
+    # What each node's job wrote comes back with `launch fetch --workdir`, and only that.
+    fetched = run_launch("fetch", "own", "--workdir", cwd=project, timeout=120)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert "its folder is here already" in fetched.stdout
+    for node in ("node0", "node1"):
+        assert f"  {node}: 1 file(s), {len('own ' + node)} B written by the run in " \
+            in fetched.stdout
+    assert sorted(str(p.relative_to(run / "workdir")) for p in (run / "workdir").rglob("*")) \
+        == ["node0", "node0/snapshot.pt", "node1", "node1/snapshot.pt"]
+    assert (run / "workdir" / "node1" / "snapshot.pt").read_text() == "own node1"
 
 
 def test_setup_runs_again_only_when_the_workdir_changes(run_launch, project):

@@ -65,8 +65,14 @@ def test_script_with_setup_and_args(slurm_lab, own_run):
         assert got["sees"] == ["setup-ran.txt"]
         assert got["env"]["LAUNCH_NODE_ADDRS"].split(",") == [h.address
                                                              for h in slurm_lab.hosts]
-        # Staged once, beside the runs, where every node reads it.
+        # Staged once, beside the runs, where every node reads it; each node's job runs in
+        # a folder of its own for this run, made from that copy, and the run names it.
         assert got["cwd"].startswith(str(project / "runs" / ".workdirs"))
+        folder, node = Path(got["cwd"]), got["env"]["LAUNCH_NODE"]
+        assert got["cwd"] == got["env"]["LAUNCH_WORKDIR"] and folder.name == node
+        assert folder.parent.name.startswith("own.")
+        assert str(folder.parent.parent) == got["env"]["LAUNCH_WORKDIR_COPY"] + ".runs"
+        assert f"launch: job folder of {node}: {folder}" in proc.stdout + proc.stderr
         # The environment rule (docs/jobs.md#the-environment): --env reaches every rank,
         # nothing else of launch's environment does (sbatch exports all of it to the job).
         assert got["env"]["JOB_TOKEN"] == "s3cr3t value"
@@ -88,6 +94,17 @@ def test_script_with_setup_and_args(slurm_lab, own_run):
     assert "s3cr3t" not in (run / "job.sbatch").read_text()
     assert json.loads((run / "summary.json").read_text())["progress"]["step"] == 4
     assert job_processes(slurm_lab) == {}
+    # What each node's job wrote comes back with `launch fetch --workdir` (read on the shared
+    # filesystem), and only that.
+    fetched = subprocess.run(launch_cmd("fetch", "own", "--workdir"), cwd=project, text=True,
+                             capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+                             env={**os.environ, **slurm_env(slurm_lab),
+                                  "LAUNCH_HOME": str(project.parent / "launch-home")})
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert sorted(str(p.relative_to(run / "workdir")) for p in (run / "workdir").rglob("*")) \
+        == sorted(names + [f"{name}/snapshot.pt" for name in names])
+    for name in names:
+        assert (run / "workdir" / name / "snapshot.pt").read_text() == f"own {name}"
 
 
 def test_restarts_inside_the_job_then_resume_as_a_new_job(slurm_lab, run_launch, project,

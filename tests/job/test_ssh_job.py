@@ -106,6 +106,36 @@ def test_script_ships_with_its_package_and_data_and_runs_setup(lab, same_id_runs
     assert left == {}
 
 
+def test_what_the_run_wrote_on_each_host_is_fetched_back(lab, same_id_runs):
+    """`launch fetch RUN --workdir` after an attached SSH run: each host's job folder listed
+    by the host's own interpreter and copied over SFTP, reached as the run reached it (its
+    plan.json: no -i given): the snapshot each host wrote comes back under the host's name,
+    the shipped files, setup's output and Python's byte-code cache do not."""
+    runs, project, _, _ = same_id_runs
+    assert runs["fresh"].returncode == 0
+    env = {**os.environ, "LAUNCH_HOME": str(project.parent / "launch-home")}
+
+    def fetch(*extra):
+        return subprocess.run(launch_cmd("fetch", "again", "--runs-dir", "other-runs",
+                                         "--workdir", *extra),
+                              cwd=project, env=env, text=True, capture_output=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+
+    dest = project / "other-runs" / "again" / "workdir"
+    dry = fetch("--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "(snapshot.pt)" in dry.stdout and "nothing copied (--dry-run)" in dry.stdout
+    assert not dest.exists()
+    proc = fetch()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for host in lab.hosts:
+        said = f"{host.name}: 1 file(s), {len('again ' + host.name)} B written by the run in "
+        assert said in proc.stdout, proc.stdout
+        assert (dest / host.name / "snapshot.pt").read_text() == f"again {host.name}"
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == sorted(
+        [h.name for h in lab.hosts] + [f"{h.name}/snapshot.pt" for h in lab.hosts])
+
+
 def test_a_crash_then_resume_on_the_same_hosts(lab, same_id_runs):
     runs, project, left, began = same_id_runs
     proc = runs["crashed"]

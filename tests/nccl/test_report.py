@@ -246,9 +246,13 @@ def test_report_of_a_real_local_run(run_launch, tmp_path, monkeypatch):
 
 def test_the_job_folders_are_a_line_per_node_up_to_the_screen_limit_then_one(tmp_path):
     few = {f"node{i}": f"/w/copy.runs/r.u/node{i}" for i in range(8)}
+    fetch = (f"launch: what the job wrote there comes here with `launch fetch {tmp_path.name} "
+             f"--workdir --runs-dir {tmp_path.parent}` (into {tmp_path}/workdir/NODE/)")
     assert job_folder_lines(few, tmp_path) == [
-        f"launch: job folder of node{i}: /w/copy.runs/r.u/node{i}" for i in range(8)]
+        *(f"launch: job folder of node{i}: /w/copy.runs/r.u/node{i}" for i in range(8)), fetch]
     many = {f"host{i}": f"/w/copy.runs/r.u/host{i}" for i in range(256)}
     assert job_folder_lines(many, tmp_path) == [
         "launch: job folder of host0: /w/copy.runs/r.u/host0",
-        f"launch: the job folders of the other 255 node(s) are in {tmp_path / 'report.md'} (Job)"]
+        f"launch: the job folders of the other 255 node(s) are in {tmp_path / 'report.md'} (Job)",
+        fetch]
+    assert job_folder_lines({}, tmp_path) == []

@@ -218,6 +218,13 @@ class LocalBackend:
 
         return local_home(handle)
 
+    def fetch_job_files(self, targets, dest, dry_run: bool = False):
+        """What the run wrote in its job folders: on this machine's disk (its nodes' files
+        are here; launcher/workdir/job_files.py)."""
+        from launcher.workdir.job_files import fetch_here
+
+        return fetch_here(targets, dest, dry_run)
+
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:
         """Local nodes share one machine: the command runs once, answered for every node."""

@@ -337,6 +337,13 @@ class SlurmBackend:
         check_recipe_for_hardware(request.recipe, [n.gpus or 0 for n in placed])
         return SlurmSession(self, placed, getattr(self, "shipped", None))
 
+    def fetch_job_files(self, targets, dest, dry_run: bool = False):
+        """What the run wrote in its job folders: on this machine's disk (its nodes' files
+        are here; launcher/workdir/job_files.py)."""
+        from launcher.workdir.job_files import fetch_here
+
+        return fetch_here(targets, dest, dry_run)
+
     # ---- run_on_all ----------------------------------------------------------------------
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:

@@ -6,6 +6,7 @@ inventory's controller host (launcher/backends/ssh/home.py)."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import shlex
 from dataclasses import dataclass, replace
@@ -165,7 +166,11 @@ class SshBackend:
         return cls(settings["inventory"], options, limit=settings.get("limit"), fanout=fanout)
 
     def to_json(self) -> dict[str, Any]:
-        return {"inventory": self.inventory, "limit": self.limit, "fanout": self.fanout,
+        # The inventory by its absolute path: a record (detached.json, plan.json) is read
+        # again from wherever `launch attach` or `launch fetch` is run.
+        inventory = os.path.abspath(self.inventory) \
+            if self.inventory and os.path.exists(self.inventory) else self.inventory
+        return {"inventory": inventory, "limit": self.limit, "fanout": self.fanout,
                 "known_hosts": self.options.known_hosts,
                 "accept_new_host_keys": self.options.accept_new_host_keys}
 
@@ -343,6 +348,13 @@ class SshBackend:
         from launcher.backends.ssh.home import find_run
 
         return find_run(self, run_id)
+
+    def fetch_job_files(self, targets, dest, dry_run: bool = False):
+        """What the run wrote in its job folders on the hosts, over SFTP
+        (launcher/backends/ssh/job_files.py)."""
+        from launcher.backends.ssh.job_files import fetch_job_files
+
+        return fetch_job_files(self, targets, dest, dry_run)
 
     def run_on_all(self, nodes: list[Node], argv: list[str], *, timeout: float,
                    env: dict[str, str] | None = None) -> GroupResult:
