@@ -76,6 +76,10 @@ def _environ(pid: int) -> dict[str, str]:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
+    return _parse_environ(raw)
+
+
+def _parse_environ(raw: bytes) -> dict[str, str]:
     env = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
@@ -249,11 +253,24 @@ def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
     `node`: only the processes of that launch node."""
     out = []
     me = os.getpid()
+    # Every process's environment is read, but only the run's are parsed: the stamp's entry
+    # is looked for in the raw bytes first (a substring search in C). A hang watch's look
+    # reads every process of the machine every 2 s; parsing each environment into a dict
+    # was most of its CPU (4.5 against 1.7 ms per look at 99 processes; a lab of 64 hosts
+    # on one machine holds ~500, looked at by 64 watchers).
+    entry_bytes = b"\0" + f"{STAMP_ENV}={stamp}".encode() + b"\0"
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)
-        env = _environ(pid)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        if entry_bytes not in b"\0" + raw + b"\0":
+            continue
+        env = _parse_environ(raw)
         if env.get(STAMP_ENV) != stamp or (node is not None and env.get("LAUNCH_NODE") != node):
             continue
         stat = _stat(pid)

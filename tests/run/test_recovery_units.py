@@ -25,7 +25,7 @@ from launcher.job.runplan import Placement, plan_run
 from launcher.runs.folder import RunFolder
 from launcher.runs.resume import ResumeError, check_resume, find_resume_point
 from launch_node import checkpoint_files as files
-from launch_node.node_probe import kill
+from launch_node.node_probe import kill, run_processes
 
 DATA = Path(__file__).parent / "data" / "hang"
 BASE = {"name": "r", "nodes": 2, "train": {"steps": 100, "depth": 2, "image_size": 8,
@@ -461,6 +461,33 @@ def test_kill_spares_a_process_without_the_runs_stamp():
         assert other.wait(timeout=10) == -9
     finally:
         other.kill()
+
+
+def test_the_runs_processes_are_found_by_their_exact_stamp_wherever_it_sits():
+    """The hang watch's look finds a run's processes by LAUNCH_RUN_STAMP in their environment
+    (the raw bytes searched first): first or last entry alike, and never a stamp that merely
+    starts or ends like this run's, nor a value that only contains it."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = {
+        "first": ({"LAUNCH_RUN_STAMP": "s1", "LAUNCH_NODE": "node0", "RANK": "3"}, True),
+        "last": ({"PATH": os.environ["PATH"], "LAUNCH_RUN_STAMP": "s1"}, True),
+        "longer": ({"LAUNCH_RUN_STAMP": "s1x"}, False),
+        "shorter": ({"LAUNCH_RUN_STAMP": "s"}, False),
+        "inside": ({"OTHER": "LAUNCH_RUN_STAMP=s1", "LAUNCH_RUN_STAMP": "s2"}, False),
+        "prefixed": ({"XLAUNCH_RUN_STAMP": "s1"}, False),
+    }
+    # Popen returns once the child has exec'd: its environment is the one given.
+    started = {name: subprocess.Popen(sleep, env=env) for name, (env, _) in procs.items()}
+    try:
+        found = {p["pid"]: p for p in run_processes("s1")}
+        assert {name for name, proc in started.items() if proc.pid in found} == \
+            {name for name, (_, ours) in procs.items() if ours}
+        assert found[started["first"].pid]["rank"] == 3
+        assert [p["pid"] for p in run_processes("s1", node="node0")] == [started["first"].pid]
+    finally:
+        for proc in started.values():
+            proc.kill()
+            proc.wait()
 
 
 # Verbatim from a lab run (tests/ssh/test_ssh_run.py::test_killed_worker_stops_all_hosts, the
