@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import posixpath
 import queue
+import re
 import signal as signals
 import stat
 from collections.abc import Callable, Iterator
@@ -60,6 +61,7 @@ exec 3<&0
 ) <&3 >/dev/null 2>&1 &
 exec "$@" </dev/null 2>&1 3<&-
 """
+SETSID_NOTE = re.compile(r"setsid: child \d+ did not exit normally")
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
 
 
@@ -103,7 +105,16 @@ class SshNodeProcess:
     def _new_output(self) -> None:
         self._lines: queue.Queue = queue.Queue()
         self._out = LineSink(self._lines.put)
-        self._err = LineSink(self._lines.put)
+        self._err = LineSink(self._wrapper_line)
+
+    def _wrapper_line(self, line: str) -> None:
+        """The channel's stderr: the job's own goes to its stdout (START_SCRIPT's 2>&1), so
+        only setsid and the start script write here. setsid -w's note on a child ended by a
+        signal ("setsid: child 123 did not exit normally: Success") is left out: it says
+        nothing the exit status does not, and it was the last line of a stopped node's
+        excerpt, in place of the job's own."""
+        if not SETSID_NOTE.match(line):
+            self._lines.put(line)
 
     def connection(self) -> Connection:
         """The node's connection, a new one if it dropped (restarts, probes, fetching)."""
