@@ -14,6 +14,7 @@ import launch_node.job_folder as job_folder_module
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import connect, remote, run_with_input
 from launcher.core import safefile
+from launcher.core.node_code import code_root
 from launcher.core.errors import LauncherError
 from launcher.execute.backend import in_parallel
 from launcher.workdir.job_files import NodeFiles, Target, checked
@@ -27,7 +28,7 @@ LIMIT = 64 << 20   # a listing of ~500,000 files; more ends the command (a node'
 def lister() -> bytes:
     global _LISTER
     if _LISTER is None:
-        source = Path(job_folder_module.__file__).read_text()
+        source = (code_root() / "launch_node" / "job_folder.py").read_text()
         _LISTER = (source + f"""
 
 import json as _json, sys as _sys
