@@ -270,6 +270,7 @@ def _link_tree(src: int, dst: int, counts: list, top_level: bool = False,
         elif stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
         elif stat.S_ISREG(st.st_mode):
+            made = st   # a link is the same inode: its size and mtime, read above
             try:
                 os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
             except OSError as err:
@@ -278,9 +279,9 @@ def _link_tree(src: int, dst: int, counts: list, top_level: bool = False,
                 copy_file(src, dst, name)
                 counts[0] += 1
                 counts[1] = counts[1] or os.strerror(err.errno)
+                made = os.stat(name, dir_fd=dst, follow_symlinks=False)
             if shipped is not None and "\n" not in name:
-                shipped.append(_record(prefix + name,
-                                       os.stat(name, dir_fd=dst, follow_symlinks=False)))
+                shipped.append(_record(prefix + name, made))
 
 
 def copy_file(src: int, dst: int, name: str) -> None:

@@ -14,8 +14,8 @@ import launch_node.job_folder as job_folder_module
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import connect, remote, run_with_input
 from launcher.core import safefile
-from launcher.core.node_code import code_root
 from launcher.core.errors import LauncherError
+from launcher.core.node_code import code_root
 from launcher.execute.backend import in_parallel
 from launcher.workdir.job_files import NodeFiles, Target, checked
 
@@ -83,6 +83,9 @@ def _one(backend, node: Node, target: Target, dest: Path, dry_run: bool) -> Node
                           str(doc.get("how") or "record"))
         if dry_run:
             return found
+        # SFTP opens what the path names on the node as the run's own user, who wrote it: a
+        # link the job put there since the listing reads what that user may read anyway.
+        # This side is what must hold: nothing written outside dest, through no link.
         sftp = conn.sftp()
         mine = dest / target.node
         for rel, _size in found.files:
