@@ -11,6 +11,7 @@ from launcher.commands.detached import add_run_arguments, locate
 from launcher.commands.where import where_from_args
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
+from launcher.runs.screen import SCREEN_ALL_NODES
 from launcher.workdir import job_files
 from launcher.workdir.job_files import FOLDER
 
@@ -90,11 +91,17 @@ def fetch_workdir(args, run, run_dir: Path) -> int:
         safefile.make_dirs(dest, within=run_dir)
     found = backend.fetch_job_files(targets, dest, dry_run=args.dry_run)
     failed = 0
+    # A line per node up to the screen's limit; beyond it the totals (every node's files are
+    # in dest/NODE/), and every node that could not be read, whatever their number.
+    shown = {n.node for n in found[:SCREEN_ALL_NODES]} if len(found) > SCREEN_ALL_NODES \
+        else {n.node for n in found}
     for node in found:
         if node.error:
             failed += 1
             print(f"launch: {node.node}: its job folder {node.job_dir} could not be read: "
                   f"{node.error}", file=sys.stderr)
+            continue
+        if node.node not in shown:
             continue
         if args.dry_run:
             shown = ", ".join(rel for rel, _ in node.files[:5])
@@ -109,6 +116,12 @@ def fetch_workdir(args, run, run_dir: Path) -> int:
             print(f"    skipped {why}")
         if len(node.skipped) > 3:
             print(f"    skipped {len(node.skipped) - 3} more")
+    read = [n for n in found if not n.error]
+    if len(read) > len(shown):
+        print(f"  {len(read)} node(s): {sum(len(n.files) for n in read)} file(s), "
+              f"{job_files.size_text(sum(n.size for n in read))} written by the run"
+              + ("" if args.dry_run else
+                 f", {sum(n.copied for n in read)} copied into {dest}/NODE/"))
     if args.dry_run:
         print(f"run {run.run_id}: nothing copied (--dry-run)")
     return 1 if failed else 0

@@ -121,11 +121,11 @@ def describe(found: NodeFiles) -> str:
     """One line for a node's answer."""
     if found.error:
         return f"{found.node}: {found.error}"
-    return (f"{found.node}: {len(found.files)} file(s), {_size(found.size)} written by the "
+    return (f"{found.node}: {len(found.files)} file(s), {size_text(found.size)} written by the "
             f"run in {found.job_dir}")
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -299,3 +299,30 @@ def test_fetching_job_folders_names_what_is_missing(tmp_path):
         "/w/c.runs/x.u/h0: No such file or directory (a run's job folder is removed once " \
         "newer runs" in proc.stderr
     assert not (run / "workdir" / "h0").exists()
+
+
+def test_fetching_many_nodes_shows_the_screens_worth_and_the_totals(tmp_path):
+    """`launch fetch RUN --workdir` of a local run of 10 nodes: every node's snapshot comes
+    back, a line each for the first 8 (the screen's limit), then the totals."""
+    from tests.conftest import launch_cmd
+
+    copy, digest = shipped(tmp_path)
+    nodes = [f"node{i}" for i in range(10)]
+    for node in nodes:
+        assert run_job(copy, digest, "r1", node).returncode == 0
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "launch.json").write_text('{"run_id": "r1"}')
+    (run / "plan.json").write_text(json.dumps({
+        "backend": "local", "backend_settings": {},
+        "nodes": [{"name": n, "job_dir": view(copy, "r1", n)} for n in nodes]}))
+    proc = subprocess.run(launch_cmd("fetch", "r1", "--workdir"), cwd=tmp_path, text=True,
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:9]] == nodes[:8]
+    assert lines[9] == (f"  10 node(s): 10 file(s), 20 B written by the run, 10 copied into "
+                        f"{run / 'workdir'}/NODE/")
+    assert len(lines) == 10
+    assert {n: (run / "workdir" / n / "snapshot.pt").read_text() for n in nodes} == \
+        {n: "r1" for n in nodes}
