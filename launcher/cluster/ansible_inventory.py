@@ -24,9 +24,14 @@ def load(path: str, pattern: str) -> dict:
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
     from ansible.utils.display import Display
     from ansible.vars.manager import VariableManager
 
+    # As Ansible's own commands start (ansible/cli/__init__.py): without the collection loader
+    # an inventory plugin named as documented (plugin: amazon.aws.aws_ec2, or
+    # ansible.builtin.generator) is "unknown" and the inventory fails to parse.
+    init_plugin_loader()
     # A file no inventory plugin can parse is an error, not a warning and no hosts.
     C.INVENTORY_UNPARSED_IS_FAILED = True
     C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
