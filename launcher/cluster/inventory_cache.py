@@ -43,6 +43,7 @@ import json
 import os
 import stat
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,8 @@ _CONFIGS = ("ansible.cfg", "~/.ansible.cfg", "/etc/ansible/ansible.cfg")
 _VARS_PLUGIN_DIRS = ("~/.ansible/plugins/vars", "/usr/share/ansible/plugins/vars")
 # launch's own code that decides the answer or whether the files may reach Ansible at all (a
 # kept answer skips the bounds check: its files passed it).
-_LAUNCH_CODE = [Path(__file__).with_name(name) for name in (
-    "ansible_inventory.py", "inventory_files.py")] + [
-    Path(__file__).parent.parent / "core" / name for name in ("limits.py", "yamlfile.py")]
+_LAUNCH_CODE = (("cluster", "ansible_inventory.py"), ("cluster", "inventory_files.py"),
+                ("core", "limits.py"), ("core", "yamlfile.py"))
 
 
 class _NotKept(Exception):
@@ -157,6 +157,17 @@ def _ansible_release() -> str:
     return hashlib.sha256(release).hexdigest()
 
 
+def _launch_code() -> list[str]:
+    found = []
+    for folder, name in _LAUNCH_CODE:
+        try:
+            found.append(hashlib.sha256((resources.files("launcher") / folder / name)
+                                        .read_bytes()).hexdigest())
+        except OSError:
+            found.append(f"no {folder}/{name}")
+    return found
+
+
 def inventory_key(path: str, limit: str) -> str:
     """The key of Ansible's answer for `path` and `limit` (see the module's doc). Raises
     _NotKept when the answer cannot be kept."""
@@ -173,8 +184,7 @@ def inventory_key(path: str, limit: str) -> str:
     for where in configs:
         if where:
             tree.add(Path(os.path.abspath(os.path.expanduser(where))))
-    for code in _LAUNCH_CODE:
-        tree.add(code)
+    _feed(digest, _launch_code())
     return digest.hexdigest()
 
 
