@@ -4,8 +4,9 @@ The same file drives `launch run -i`, `launch setup` (ansible-runner) and is wha
 `launch provision` writes. It is read with Ansible's own loader (InventoryManager and
 VariableManager), so launch and `launch setup` see exactly the same hosts and variables: YAML
 and INI, groups and children, host ranges (gpu-[01:16]), group_vars/ and host_vars/ next to
-the file, inventory plugins where installed. Hosts keep the inventory's order; the first one
-selected is the head node, where the rendezvous store runs.
+the file, inventory plugins where installed. Its answer for a static inventory is kept between
+commands while no file it read changed (inventory_cache.py). Hosts keep the inventory's order;
+the first one selected is the head node, where the rendezvous store runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 from launcher.cluster.ansible_inventory import MAGIC as _MAGIC
+from launcher.cluster.inventory_cache import InventoryCache
 from launcher.cluster.inventory_files import check_inventory_files
 from launcher.core.errors import InventoryError
 from launcher.core.names import component_problem, name_problem
@@ -146,9 +148,29 @@ def node_from_vars(path: str, name: str, hostvars: dict[str, Any]) -> Node:
 
 def _ansible_hosts(path: str, limit: str | None) -> list[tuple[str, dict[str, Any]]]:
     """(host, variables) for the selected hosts, in the inventory's order, from Ansible's own
-    loader run in a child process (launcher/cluster/ansible_inventory.py): Ansible patches parts of
-    the interpreter when imported (sys.intern, which later broke torch's DDP in the same
-    process), and launch's own process stays free of that."""
+    loader, or its answer kept from an earlier command while nothing it read changed
+    (launcher/cluster/inventory_cache.py). The files' bounds are checked before Ansible reads
+    them; a kept answer's files are byte for byte those that passed the check."""
+    cache = InventoryCache(path, limit or "all")
+    answer = cache.answer()
+    if answer is None:
+        check_inventory_files(path)
+        answer = _ask_ansible(path, limit)
+        cache.keep(answer)
+    if answer.get("error"):
+        raise InventoryError(path, None, f"Ansible cannot read it: {answer['error']}")
+    found = [(name, hostvars) for name, hostvars in answer["hosts"]]
+    if limit and not found:
+        warnings = answer.get("warnings") or []
+        raise InventoryError(path, None, f"--limit {limit} matches no host"
+                             + (f" ({warnings[0]})" if warnings else ""))
+    return found
+
+
+def _ask_ansible(path: str, limit: str | None) -> dict[str, Any]:
+    """Ansible's loader's answer (launcher/cluster/ansible_inventory.py), run in a child
+    process: Ansible patches parts of the interpreter when imported (sys.intern, which later
+    broke torch's DDP in the same process), and launch's own process stays free of that."""
     argv = [sys.executable, "-m", "launcher.cluster.ansible_inventory", path, limit or "all"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
@@ -162,14 +184,10 @@ def _ansible_hosts(path: str, limit: str | None) -> list[tuple[str, dict[str, An
         detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise InventoryError(path, None, "Ansible's inventory loader failed: "
                                          f"{shorten(detail[0], 300)}") from None
-    if answer.get("error"):
-        raise InventoryError(path, None, f"Ansible cannot read it: {answer['error']}")
-    found = [(name, hostvars) for name, hostvars in answer["hosts"]]
-    if limit and not found:
-        warnings = answer.get("warnings") or []
-        raise InventoryError(path, None, f"--limit {limit} matches no host"
-                             + (f" ({warnings[0]})" if warnings else ""))
-    return found
+    if not isinstance(answer, dict):
+        raise InventoryError(path, None, "Ansible's inventory loader failed: it answered "
+                                         f"{shorten(answer)}")
+    return answer
 
 
 def _warn_stderr(text: str) -> None:
@@ -205,7 +223,6 @@ def load_inventory(path: str | Path, limit: str | None = None,
     path = str(path)
     if not Path(path).exists():
         raise InventoryError(path, None, "cannot read the inventory: no such file or folder")
-    check_inventory_files(path)
     entries = _ansible_hosts(path, limit)
     if not entries:
         raise InventoryError(path, None, "the inventory lists no hosts (see `launch init` "

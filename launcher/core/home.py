@@ -4,6 +4,8 @@
     $LAUNCH_HOME/setup/<stamp>-*/      one ansible-runner folder per `launch setup`
     $LAUNCH_HOME/workdir-hashes/       per scanned folder, its files' sha256 by stat data
                                        (launcher/workdir/scan.py)
+    $LAUNCH_HOME/inventory-cache/      Ansible's answer per inventory and --limit, while its
+                                       files are unchanged (launcher/cluster/inventory_cache.py)
 """
 
 from __future__ import annotations
