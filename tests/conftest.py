@@ -6,9 +6,11 @@ import fcntl
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,9 +110,25 @@ def pytest_runtest_setup(item):
         pytest.fail(lost, pytrace=False)
 
 
+_HOME = pytest.StashKey[Path]()
+
+
+def pytest_configure(config):
+    """The suite's own launch home, fresh for each test process: nothing a test does in
+    process (the inventory cache, the workdir hash cache, clusters' ledgers) reads or writes
+    the caller's ~/.launch or $LAUNCH_HOME, and nothing there changes what a test sees. Tests
+    that need a home of their own still set LAUNCH_HOME for what they start."""
+    home = Path(tempfile.mkdtemp(prefix="launch-home-tests-"))
+    os.environ["LAUNCH_HOME"] = str(home)
+    config.stash[_HOME] = home
+
+
 def pytest_unconfigure(config):
     """The last line: how many tests were skipped and why, so that a run as non-root (whose lab
     tests skip by design) or without a tool says so instead of passing quietly."""
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
     terminalreporter = config.pluginmanager.get_plugin("terminalreporter")
     if terminalreporter is None:
         return

@@ -19,7 +19,8 @@ from launcher.cluster.inventory import load_inventory
 from launcher.cluster.inventory_cache import CACHE_ENV, FOLDER, MAX_ENTRIES
 from launcher.core.errors import InventoryError, LauncherError
 
-pytestmark = pytest.mark.timeout(120)
+# Ansible is started ~20 times (a fresh loader wherever the kept answer must not serve).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)

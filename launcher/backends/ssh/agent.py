@@ -16,6 +16,7 @@ from typing import Any
 
 from fabric import Connection
 
+from launcher.backends.ssh.pump import Pumped, start_on
 from launcher.backends.ssh.watcher import NodeWatcher
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import connect, remote
@@ -88,7 +89,7 @@ class SshNodeProcess:
         # nodes on a shared filesystem share.
         self.pgid_path = posixpath.join(command.run_dir or ".",
                                         f"launch-{label}.pgid" if label else PGID_FILE)
-        self.promise = None
+        self.started: Pumped | None = None   # this start's channel and its output
         self.exit_code: int | None = None
         self._reconnected: list[Connection] = []
         # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): opened at the
@@ -139,12 +140,15 @@ class SshNodeProcess:
                       "env", *env, *self.command.argv)
 
     def start(self) -> None:
-        if self.promise is not None:  # a restart: fresh output, fresh exit status
+        """The node's command on a channel of its own, its output read by this process's one
+        pump thread (launcher/backends/ssh/pump.py), not two threads per node."""
+        if self.started is not None:  # a restart: fresh output, fresh exit status
             self._new_output()
             self.exit_code = None
-        self.promise = self.connection().run(
-            self._start_line(), asynchronous=True, hide=True, warn=True, pty=False,
-            in_stream=False, out_stream=self._out, err_stream=self._err)
+        conn = self.connection()
+        conn.open()
+        self.started = start_on(conn.client.get_transport(), self._start_line(), self._out,
+                                self._err)
 
     def run_to_end(self, line: Callable[[str], None]) -> int | None:
         """The command to its end (setup, a restore), its lines to `line`."""
@@ -157,12 +161,12 @@ class SshNodeProcess:
 
     def lines(self) -> Iterator[str]:
         # This start's queue and sinks: a restart replaces them for the next reader.
-        lines, out, err, promise = self._lines, self._out, self._err, self.promise
+        lines, out, err, started = self._lines, self._out, self._err, self.started
         while True:
             try:
                 yield lines.get(timeout=0.2)
             except queue.Empty:
-                if self.exit_code is not None or self.promise is not promise:
+                if self.exit_code is not None or self.started is not started:
                     out.close()
                     err.close()
                     while not lines.empty():
@@ -170,16 +174,14 @@ class SshNodeProcess:
                     return
 
     def poll(self) -> int | None:
-        if self.exit_code is not None or self.promise is None:
+        if self.exit_code is not None or self.started is None:
             return self.exit_code
         transport = self.conn.client.get_transport()
-        if self.promise.runner.process_is_finished:
-            try:
-                result = self.promise.join()
-                code = result.exited
-            except Exception as err:  # the channel died under fabric's feet
-                self._lines.put(f"[launch] SSH session to {self.node.address} failed: {err}")
-                code = 255
+        channel = self.started.channel
+        if self.started.done.is_set() and channel.exit_status_ready():
+            # Every line it sent is in the queue by now (the pump set `done` after the last).
+            code = channel.recv_exit_status()
+            channel.close()
             # paramiko reports -1 when the channel closed without an exit status.
             self.exit_code = 255 if code in (-1, None) else code
         elif transport is None or not transport.is_active():
