@@ -122,15 +122,25 @@ def probe_link(device: torch.device, small: int = 1 << 14, large: int = 1 << 22,
     return LinkProbe(latency, 1.0 / per_byte, small, large, t_small, t_large)
 
 
-def choose_bucket_cap_mb(probe: LinkProbe, gradient_bytes: int) -> float:
+def choose_bucket_cap_mb(probe: LinkProbe, gradient_bytes: int,
+                         compressing: bool = False) -> float:
     """A quarter of the gradients: four buckets, so the first all-reduce starts early in the
     backward pass, and few calls, which matters once compression makes each call small (with
     1 MiB buckets PowerSGD's three chained calls per bucket made auto 35% slower than
     PowerSGD with 5 MiB buckets on a capped link). Raised where the link's fixed per-call
-    cost would exceed 5% of a bucket's transfer time. Between 1 and 256 MiB."""
+    cost would exceed 5% of a bucket's transfer time. Between 1 and 256 MiB.
+
+    `compressing` (comm_hook powersgd, or auto, which may choose it): at least DDP's default
+    25 MiB. PowerSGD's cost per bucket is fixed work (its matrices, an orthogonalisation, two
+    chained calls) whatever the bucket holds, and what it sends is small, so fewer buckets win:
+    on the capped link launch's hook with 25 MiB buckets ran 601 img/s against 516 with 5 MiB
+    (benchmarks/README.md, PowerSGD on the capped link), while plain all-reduce was the same
+    with either size (33.7 and 32.9 img/s capped, 526 free)."""
     latency_floor = 20.0 * probe.latency_s * probe.bandwidth_bytes_per_s
-    chosen = min(max(gradient_bytes / 4, latency_floor, 1 << 20), 256 << 20)
-    return round(chosen / (1 << 20), 2)
+    chosen = max(gradient_bytes / 4, latency_floor, 1 << 20)
+    if compressing:
+        chosen = max(chosen, DDP_DEFAULT_BUCKET_MB * (1 << 20))
+    return round(min(chosen, 256 << 20) / (1 << 20), 2)
 
 
 @dataclass
@@ -146,13 +156,14 @@ class BucketChoice:
 
 
 def decide_bucket_cap_mb(device: torch.device, gradient_bytes: int,
-                         probe=probe_link) -> BucketChoice:
+                         probe=probe_link, compressing: bool = False) -> BucketChoice:
     """Probe rounds until the last MIN_ROUNDS sizes agree within BUCKET_MARGIN of their
-    median (that median is the choice), at most MAX_ROUNDS (then DDP's default stays)."""
+    median (that median is the choice), at most MAX_ROUNDS (then DDP's default stays).
+    `compressing`: choose_bucket_cap_mb's."""
     rounds: list[float] = []
     for _ in range(MAX_ROUNDS):
         link = probe(device)
-        rounds.append(choose_bucket_cap_mb(link, gradient_bytes))
+        rounds.append(choose_bucket_cap_mb(link, gradient_bytes, compressing))
         last = rounds[-MIN_ROUNDS:]
         middle = statistics.median(last)
         if len(last) == MIN_ROUNDS and all(abs(s - middle) <= BUCKET_MARGIN * middle

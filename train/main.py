@@ -165,7 +165,9 @@ def choose_buckets(args, model, device, rank: int) -> BucketChoice | None:
     if args.bucket_cap_mb != AUTO:
         return None
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    choice = decide_bucket_cap_mb(device, gradient_bytes)
+    # Sized for PowerSGD where it may run (train/autocomm.py choose_bucket_cap_mb).
+    compressing = args.comm_hook in ("powersgd", AUTO)
+    choice = decide_bucket_cap_mb(device, gradient_bytes, compressing=compressing)
     args.bucket_cap_mb = choice.bucket_cap_mb
     if rank == 0:
         link = choice.probe

@@ -61,6 +61,22 @@ def test_bucket_choice(latency, bandwidth, grad_mb, expected):
     assert choose_bucket_cap_mb(probe, int(grad_mb * MB)) == pytest.approx(expected, abs=0.01)
 
 
+@pytest.mark.parametrize("grad_mb,expected", [
+    (21.4, 25.0),      # the demo's ViT-Tiny: one bucket of DDP's default size, not 5.35
+    (2.0, 25.0),       # a small model: the whole gradient in one
+    (346.0, 86.5),     # a large one: a quarter already exceeds it
+    (4000.0, 256.0),   # never above 256 MiB
+])
+def test_buckets_for_powersgd_are_never_smaller_than_ddps_default(grad_mb, expected):
+    """comm_hook powersgd or auto: PowerSGD's fixed work per bucket wants few buckets."""
+    probe = LinkProbe(50e-6, 2e9, 1 << 14, 1 << 22, 0.0, 0.0)
+    assert choose_bucket_cap_mb(probe, int(grad_mb * MB), compressing=True) == \
+        pytest.approx(expected, abs=0.01)
+    choice = decide_bucket_cap_mb(CPU, int(grad_mb * MB), probe=lambda device: probe,
+                                  compressing=True)
+    assert (choice.choice, choice.bucket_cap_mb) == ("decided", pytest.approx(expected, abs=0.01))
+
+
 def _probes(latencies):
     found = iter(latencies)
     return lambda device: LinkProbe(next(found), 700e6, 1 << 14, 1 << 22, 0.0, 0.0)
