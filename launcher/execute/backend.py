@@ -174,6 +174,7 @@ class RunHome(Protocol):
     def alive(self) -> bool | None: ...           # the controller; None: cannot tell now
     def stop(self) -> str: ...                    # asks it to stop; what was done
     def fetch(self, dest: Any) -> int: ...        # the run folder copied into dest; files
+    def local_folder(self) -> Any: ...            # the run folder when it is here, else None
 
 
 class Backend(Protocol):

@@ -88,16 +88,58 @@ def follow_handed_over(backend, handle: dict[str, Any], display=None,
     """`launch run` on a backend that hands every run over (Slurm): attached to it, Ctrl-C
     stops the run (SIGTERM too); the run's end is this command's. `timeline`: this process's
     phases (launcher/runs/timeline.py); the run's summary.json then holds the whole wall time
-    as seen here, the controller's phases inside it."""
+    as seen here, the controller's phases inside it, and its report is written again from
+    that summary (report_again)."""
     home = backend.home(handle)
     if timeline is not None:
         timeline.begin(FOLLOWING)
+    # The controller's own timeline, as its summary.json held it when the run ended: every
+    # amendment starts from it (the summary's is this process's view once amended).
+    theirs: dict[str, Any] = {}
 
     def amend(summary: dict[str, Any]) -> None:
         if timeline is not None and isinstance(summary.get("timeline"), dict):
-            summary["timeline"] = handed_over(timeline, summary["timeline"])
+            inner = theirs.setdefault("timeline", summary["timeline"])
+            summary["timeline"] = handed_over(timeline, inner)
     end = attach(home, display, on_signal="stop")
-    return finish(home, end, amend=amend)
+    try:
+        return finish(home, end, amend=amend)
+    finally:
+        if theirs and timeline is not None:
+            report_again(home, timeline, amend)
+
+
+def report_again(home, timeline: Timeline, amend) -> None:
+    """The run's report (report.md/json/html) written again from its amended summary.json:
+    the controller wrote it with its own timeline, which misses what only this machine saw
+    (sbatch, the queue, following the job). The report's own time is then this process's
+    "report" phase, added to summary.json's timeline and report.json's, as an attached run
+    does (launcher/execute/attempt.py): report.md and the page show the timeline as it stood
+    when they were written, short of that last phase. Only where the run folder is here
+    (a shared filesystem); a report that cannot be written leaves the controller's."""
+    folder = home.local_folder()
+    if folder is None:
+        return
+    timeline.begin("report")
+    try:  # the import too: a report bug must never hide the run's outcome
+        from launcher.report.build import write_run_report
+
+        report = write_run_report(folder)
+    except Exception as err:  # noqa: BLE001
+        say(f"warning: the run's report was not written again with this machine's timeline "
+            f"({type(err).__name__}: {err}); it holds the controller's. `launch report "
+            f"{folder}` retries it")
+        return
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        amend(summary)
+        safefile.write_json(folder / "summary.json", summary, within=folder.parent)
+        if "timeline" in report:
+            safefile.write_json(folder / "report.json",
+                                {**report, "timeline": summary["timeline"]},
+                                within=folder.parent)
+    except (OSError, ValueError, LauncherError) as err:
+        say(f"warning: could not write the run's summary again in {folder}: {err}")
 
 
 def finish(home, end: dict[str, Any], amend=None) -> dict[str, Any]:

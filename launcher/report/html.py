@@ -95,7 +95,9 @@ _PHASE_COLOURS = {"training": "#2e9d5b", "lost in training": "#d64545",
                   "to first step": "#6b8fd6", "preflight": "#9aa6bd", "preparation": "#b4bdd0",
                   "start-up": "#c9cfdc", "stop": "#e3a24a", "collection": "#d9c07a",
                   "summary": "#cfc7a5", "report": "#bdb59a", "machine recovery": "#a35fb5",
-                  "gate": "#7fb3c9", "bandwidth sweep": "#93c4c0"}
+                  "gate": "#7fb3c9", "bandwidth sweep": "#93c4c0",
+                  "hand-over": "#8fa0c4", "queue and follow": "#7d8aa6",
+                  "controller start-up": "#c9cfdc", "controller report": "#bdb59a"}
 
 
 def timeline_bar(timeline: dict | None) -> str:

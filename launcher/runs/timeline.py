@@ -200,7 +200,10 @@ def handed_over(own: Timeline, inner: dict[str, Any], end: float | None = None
     run`): this process's phases until the hand-over's end (`own`'s marks: start-up,
     hand-over, ...), then the wait for the run's controller and for its end to be seen here
     ("queue and follow": what this machine's wall time holds beyond the other parts), then
-    the controller's own phases (`inner`, summary.json's timeline as the controller wrote it).
+    the controller's own phases (`inner`, summary.json's timeline as the controller wrote it;
+    its start-up and report named "controller start-up" and "controller report"), then what
+    this process did once the run ended (`own`'s marks after FOLLOWING: the report written
+    again from the amended summary, "report").
     Only durations cross between the machines: the controller's host has its own clock, so
     its moments (first step, each node's exit) are placed after this process's parts and the
     wait, whose end-of-run share (how long the controller's end took to be seen here: a poll
@@ -208,19 +211,25 @@ def handed_over(own: Timeline, inner: dict[str, Any], end: float | None = None
     end = own.clock() if end is None else end
     with own._lock:
         marks = list(own._marks)
-    phases: list[dict[str, Any]] = []
+    before: list[dict[str, Any]] = []
+    after: list[dict[str, Any]] = []
+    followed = False
     for (name, begun), (_, until) in zip(marks, [*marks[1:], ("", end)]):
         if name == FOLLOWING:
-            break   # the rest of this machine's wall time: the wait and the controller's part
-        phases.append({"name": name, "s": round(max(0.0, until - begun), 3)})
+            followed = True   # the wait and the controller's part: the rest of the wall time
+            continue
+        (after if followed else before).append(
+            {"name": name, "s": round(max(0.0, until - begun), 3)})
     wall = end - own.start
-    ours = sum(p["s"] for p in phases)
+    ours = sum(p["s"] for p in [*before, *after])
     theirs = float(inner.get("wall_s") or 0.0)
     waited = max(0.0, wall - ours - theirs)
-    offset = ours + waited
-    phases.append({"name": "queue and follow", "s": round(waited, 3)})
-    phases += [{"name": "controller start-up" if p["name"] == "start-up" else p["name"],
-                "s": p["s"]} for p in inner.get("phases") or []]
+    offset = sum(p["s"] for p in before) + waited
+    renamed = {"start-up": "controller start-up", "report": "controller report"}
+    phases = [*before, {"name": "queue and follow", "s": round(waited, 3)},
+              *({"name": renamed.get(p["name"], p["name"]), "s": p["s"]}
+                for p in inner.get("phases") or []),
+              *after]
     kept = inner.get("kept_steps_s")
     losses = list(inner.get("training_losses") or [])
     outside = [{"kind": "phase", "what": p["name"], "s": p["s"]} for p in phases

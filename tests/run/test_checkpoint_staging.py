@@ -173,6 +173,83 @@ def test_the_second_save_reuses_the_first_ones_memory_and_holds_its_own_values()
     assert _equal(second, at_save)
 
 
+# ---- the copy plan: later saves copy by the first one's plan (train/staging.py CopyPlan) --
+
+
+def _step(model, optimizer) -> None:
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    optimizer.step()
+
+
+def test_every_later_save_holds_the_state_at_its_own_step_in_the_first_saves_memory():
+    model, optimizer = _trained()
+    staging = Staging(lambda s: None)
+    first, deferred = staging.take(model, optimizer)
+    deferred.run()
+    memory = {name: t.data_ptr() for name, t in first["model"].items()}
+    for _ in range(3):
+        _step(model, optimizer)
+        optimizer.param_groups[0]["lr"] *= 0.5     # the schedule: param_groups change too
+        at_save = _snapshot(model, optimizer)
+        state, deferred = staging.take(model, optimizer)
+        writer = _late(deferred, 0.05)               # the writer copies while the next step
+        _step(model, optimizer)                      # waits at the fence
+        writer.join()
+        assert _equal(state, at_save)
+        assert {name: t.data_ptr() for name, t in state["model"].items()} == memory
+        assert not torch.equal(state["model"]["layer.weight"], model.layer.weight.detach())
+
+
+def test_a_save_after_the_optimizers_state_was_loaded_holds_the_loaded_values():
+    """load_state_dict gives the optimizer new tensors: a save must copy those, not the
+    tensors the previous save read (which no longer are the optimizer's)."""
+    model, optimizer = _trained()
+    staging = Staging(lambda s: None)
+    staging.take(model, optimizer)[1].run()
+    other_model, other_optimizer = _trained()
+    for _ in range(3):
+        _step(other_model, other_optimizer)
+    model.load_state_dict(other_model.state_dict())
+    optimizer.load_state_dict(other_optimizer.state_dict())
+    at_save = _snapshot(model, optimizer)
+    state, deferred = staging.take(model, optimizer)
+    deferred.run()
+    assert _equal(state, at_save)
+    assert _equal(state["optimizer"]["state"], other_optimizer.state_dict()["state"])
+
+
+def test_a_save_after_a_parameter_got_new_data_or_a_new_shape_holds_it():
+    model, optimizer = _trained()
+    staging = Staging(lambda s: None)
+    staging.take(model, optimizer)[1].run()
+    with torch.no_grad():
+        model.layer.bias.data = torch.full((3,), 7.0)     # the same Parameter, new storage
+        model.seen.resize_(2).fill_(5.0)                  # a buffer resized in place
+    at_save = _snapshot(model, optimizer)
+    state, deferred = staging.take(model, optimizer)
+    deferred.run()
+    assert _equal(state, at_save)
+    assert state["model"]["layer.bias"].tolist() == [7.0] * 3
+    assert state["model"]["seen"].tolist() == [5.0, 5.0]
+
+
+def test_a_save_after_the_optimizer_made_its_state_holds_it():
+    """A save before the first step (no AdamW moments yet), then one after."""
+    torch.manual_seed(0)
+    model = _WithBuffer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    staging = Staging(lambda s: None)
+    first, deferred = staging.take(model, optimizer)
+    deferred.run()
+    assert first["optimizer"]["state"] == {}
+    _step(model, optimizer)
+    at_save = _snapshot(model, optimizer)
+    state, deferred = staging.take(model, optimizer)
+    deferred.run()
+    assert _equal(state, at_save) and state["optimizer"]["state"]
+
+
 # ---- the writer thread -------------------------------------------------------------------
 
 

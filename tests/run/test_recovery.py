@@ -214,15 +214,17 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_p
 
 def test_powersgd_error_feedback_and_warm_start_survive_a_resume_exactly(tmp_path):
     """The trainer itself (2 ranks, one torchrun), PowerSGD with error feedback and warm start
-    over several buckets with static_graph: resumed from its step-20 checkpoint it ends with
+    over several buckets with static_graph: resumed from its step-30 checkpoint it ends with
     the final loss of the run that was never stopped. (Each rank's residual and P/Q are saved
     per parameter and put back into whatever buckets DDP has; DDP rebuilds its buckets before
-    the first resumed step.)"""
+    the first resumed step.) Step 30 is the third save, copied by the plan the first save
+    made (train/staging.py CopyPlan) into its memory: it holds step 30's state, not step 10's
+    nor a mix."""
     args = ["--model", "vit_tiny", "--depth", "2", "--dataset", "digits", "--image-size", "8",
             "--patch-size", "4", "--batch-size", "32", "--steps", "40", "--log-every", "10",
             "--static-graph", "--gradient-as-bucket-view", "--bucket-cap-mb", "0.05",
             "--comm-hook", "powersgd", "--powersgd-rank", "2", "--powersgd-start-iter", "2",
-            "--checkpoint-every-steps", "20", "--checkpoint-keep", "2"]
+            "--checkpoint-every-steps", "10", "--checkpoint-keep", "2"]
 
     def train(out: Path) -> dict:
         proc = subprocess.run(
@@ -236,10 +238,10 @@ def test_powersgd_error_feedback_and_warm_start_survive_a_resume_exactly(tmp_pat
     whole = train(tmp_path / "whole")
     resumed_dir = tmp_path / "resumed" / files.CHECKPOINT_DIR
     resumed_dir.mkdir(parents=True)
-    for path in (tmp_path / "whole" / files.CHECKPOINT_DIR).glob("step-00000020.*"):
+    for path in (tmp_path / "whole" / files.CHECKPOINT_DIR).glob("step-00000030.*"):
         shutil.copy(path, resumed_dir / path.name)
     resumed = train(tmp_path / "resumed")
-    assert resumed["resumed_from_step"] == 20 and whole["resumed_from_step"] is None
+    assert resumed["resumed_from_step"] == 30 and whole["resumed_from_step"] is None
     assert resumed["final_loss"] == whole["final_loss"]
     assert resumed["eval_accuracy"] == whole["eval_accuracy"]
 

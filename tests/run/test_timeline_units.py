@@ -161,8 +161,15 @@ def test_a_handed_over_run_holds_this_machine_s_wall_time_with_the_controller_s_
     got = [(p["name"], p["s"]) for p in doc["phases"]]
     assert got[:4] == [("start-up", 1.0), ("hand-over", 0.5), ("queue and follow", 2.5),
                        ("controller start-up", 1.0)]
-    assert got[-1] == ("report", 0.5)
+    assert got[-1] == ("controller report", 0.5)
     assert doc["wall_s"] == 11.5 and doc["controller_wall_s"] == 7.5
+    # The report written again here once the run ended: this process's last phase, after the
+    # controller's; the wait is what it was, the wall time grows by the report's time.
+    own.begin("report")
+    clock.advance(0.25)
+    again = handed_over(own, theirs)
+    assert [(p["name"], p["s"]) for p in again["phases"]] == [*got, ("report", 0.25)]
+    assert again["wall_s"] == 11.75 and again["controller_at_s"] == doc["controller_at_s"]
     assert abs(sum(s for _, s in got) - doc["wall_s"]) < 1e-6
     assert doc["goodput"] == round(theirs["kept_steps_s"] / 11.5, 4)
     assert doc["first_step_s"] == theirs["first_step_s"] + 4.0

@@ -12,17 +12,20 @@ SLACK_S bounds them with room for a loaded machine's scheduling."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 
 SHARE = 0.02        # the issue's "within 2%"
 SLACK_S = 0.5       # fork and exec's start, /proc's clock tick, the summary's own write
 
 # The phases a run goes through, in their order; a run has a subsequence of them (a handed-over
-# run, a Slurm job: start-up, hand-over, queue and follow, then its controller's).
+# run, a Slurm job: start-up, hand-over, queue and follow, then its controller's, then the
+# report written again where `launch run` follows it).
 ORDER = ("start-up", "hand-over", "queue and follow", "controller start-up", "gate",
          "bandwidth sweep", "preflight", "preparation", "to first step", "training", "stop",
-         "collection", "summary", "report")
+         "collection", "summary", "controller report", "report")
 ALWAYS = ("start-up", "preflight", "preparation", "collection", "summary", "report")
 
 
@@ -53,3 +56,39 @@ def check_timeline(summary_path: Path, began: float, *, restarts: int = 0,
     assert len(found) == restarts, timeline["training_losses"]
     assert all(loss["s"] > 0 for loss in found), found
     return timeline
+
+
+def report_phases(run_dir: Path) -> dict[str, list[tuple[str, float]]]:
+    """The timeline's parts as a reader sees them: report.md's "## Time" table (its phase
+    rows) and report.html's bar (each part's title; training split into kept and lost)."""
+    run_dir = Path(run_dir)
+    markdown = (run_dir / "report.md").read_text()
+    section = markdown.split("## Time\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (?!- of which lost)(?!phase \|)([^|]+?) \| ([0-9.]+) \|", section,
+                      flags=re.M)
+    page = (run_dir / "report.html").read_text()
+    bar = page.split('<div class="bar">', 1)[1].split("</div>", 1)[0]
+    cells = re.findall(r'title="([^"]*): ([0-9.]+) s"', bar)
+    return {"report.md": [(name, float(s)) for name, s in rows],
+            "report.html": [(html.unescape(name), float(s)) for name, s in cells]}
+
+
+def check_report_timeline(run_dir: Path, began: float, names: tuple[str, ...] = ()) -> None:
+    """Asserts report.md's and report.html's timelines hold `names` and are summary.json's,
+    short of its last phase: the report's own write, which a file cannot hold while it is
+    being written. With that phase, their parts add up to the run's wall time (from `began`
+    to summary.json's last write) within the issue's 2%."""
+    run_dir = Path(run_dir)
+    timeline = json.loads((run_dir / "summary.json").read_text())["timeline"]
+    *before, last = [(p["name"], p["s"]) for p in timeline["phases"]]
+    assert last[0] == "report", timeline["phases"]
+    measured = (run_dir / "summary.json").stat().st_mtime - began
+    for name, parts in report_phases(run_dir).items():
+        assert set(names) <= {part for part, _ in parts}, (name, parts)
+        total = sum(s for _, s in parts)
+        assert abs(total - sum(s for _, s in before)) < 0.01 * len(before), (name, parts,
+                                                                             before)
+        assert abs(total + last[1] - measured) <= SHARE * measured + SLACK_S, \
+            (name, total, last, measured, parts)
+    md = report_phases(run_dir)["report.md"]
+    assert [part for part, _ in md] == [part for part, _ in before], (md, before)

@@ -15,7 +15,7 @@ import pytest
 from launcher.core.node_code import code_files, code_root, content_hash, controller_files
 from tests.conftest import launch_cmd
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
-from tests.run.timeline_check import check_timeline
+from tests.run.timeline_check import check_report_timeline, check_timeline
 from tests.slurm.conftest import job_processes, slurm_args, slurm_env, worker_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
@@ -73,6 +73,10 @@ def test_demo_on_two_slurm_nodes(slurm_lab, run_launch, tmp_path, short_demo):
     # hand-over, then the controller's parts inside the job.
     timeline = check_timeline(run / "summary.json", began)
     assert timeline["controller_wall_s"] < timeline["wall_s"]
+    # The report a user opens says the same (written again here from the amended summary),
+    # not the controller's view that starts inside the job.
+    check_report_timeline(run, began, names=("start-up", "hand-over", "queue and follow",
+                                             "controller start-up", "controller report"))
     assert set(timeline["nodes"]) == set(names)
     assert job_processes(slurm_lab) == {}
 

@@ -63,6 +63,9 @@ class FolderHome:
     def fetch(self, dest: Path) -> int:
         return 0   # the run folder is here already
 
+    def local_folder(self) -> Path:
+        return self.root   # read and written here directly
+
     def settle(self, status: str | None = None, reason: str | None = None,
                amend=None) -> None:
         """Once the run ended: `amend(summary)`'s changes to its summary.json, if any."""

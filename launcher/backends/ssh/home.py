@@ -187,6 +187,9 @@ class SshHome:
         self._sftp_session()
         return len(fetch_tree(self._conn, self.root, Path(dest), skip=(), within=Path(dest).parent))
 
+    def local_folder(self) -> None:
+        return None   # on the controller's host: `launch fetch` copies it
+
     def settle(self, status: str | None = None, reason: str | None = None,
                amend=None) -> None:
         # The run folder is on the controller's host; no `launch run` follows a run handed
