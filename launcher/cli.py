@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"script go after --: launch run ... SCRIPT.py -- {shlex.join(extra)})")
     else:
         args = parser.parse_args(argv)
+    from launcher.core.home import keep_nothing
+
+    keep_nothing(bool(getattr(args, "dry_run", False)))
     try:
         return int(args.func(args) or 0)
     except LauncherError as err:
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         _traceback_if(args.debug)
         print("launch: interrupted", file=sys.stderr)
         return 130
+    finally:
+        keep_nothing(False)   # main() called again in this process (tests) starts afresh
 
 
 def _traceback_if(debug: bool) -> None:

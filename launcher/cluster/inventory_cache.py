@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.errors import LauncherError
-from launcher.core.home import launch_home
+from launcher.core.home import keeps_nothing, launch_home
 from launcher.core.safefile import MIB, UnsafeFile, read_json, read_bytes, write_text
 
 CACHE_ENV = "LAUNCH_INVENTORY_CACHE"
@@ -236,16 +236,18 @@ class InventoryCache:
         if not (isinstance(kept, dict) and kept.get("format") == FORMAT
                 and kept.get("key") == self.key and _valid(kept.get("answer"))):
             return None
-        try:
-            os.utime(self.entry)   # recently used: pruned last
-        except OSError:
-            pass
+        if not keeps_nothing():   # a dry run touches nothing
+            try:
+                os.utime(self.entry)   # recently used: pruned last
+            except OSError:
+                pass
         return kept["answer"]
 
     def keep(self, answer: dict[str, Any]) -> None:
         """Keep the loader's answer, when it came from files alone and none of them changed
         while Ansible read them."""
-        if self.key is None or not _valid(answer) or not _from_files(answer):
+        if self.key is None or keeps_nothing() or not _valid(answer) or \
+                not _from_files(answer):
             return
         try:
             if inventory_key(self.path, self.limit) != self.key:

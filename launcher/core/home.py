@@ -14,8 +14,24 @@ import os
 from pathlib import Path
 
 
+# A dry run changes nothing, launch's own caches here included: set by the command line for
+# `--dry-run` (launcher/cli.py), read by each cache before it writes (workdir-hashes,
+# inventory-cache), which then serve what they hold and keep nothing new.
+_read_only = False
+
+
 def launch_home() -> Path:
     return Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch")
+
+
+def keep_nothing(value: bool = True) -> None:
+    """From now on this process writes no cache into the launch home (a dry run)."""
+    global _read_only
+    _read_only = value
+
+
+def keeps_nothing() -> bool:
+    return _read_only
 
 
 def cluster_dir(cluster: str, home: Path | None = None) -> Path:

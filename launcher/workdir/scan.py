@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.errors import LauncherError
-from launcher.core.home import launch_home
+from launcher.core.home import keeps_nothing, launch_home
 from launcher.workdir import gitignore
 from launcher.workdir.node import link_cycles, reserved, resolve_link, stat_key
 
@@ -417,7 +417,7 @@ class _HashCache:
         return False
 
     def save(self) -> None:
-        if self.new == self.old:
+        if self.new == self.old or keeps_nothing():   # a dry run keeps nothing
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
