@@ -140,6 +140,15 @@ def ddp_tuning():
     return module
 
 
+def remove_later(path: Path) -> None:
+    """Removes a large folder (a venv with torch, a node's root) in a process of its own, not
+    waited for: on an ext4 mounted with `discard`, as the 2-core test machine's is, removing a
+    torch install held the test process 43 s, waiting on the disk instead of running tests.
+    (pytest keeps the last runs' temporary folders: a gigabyte each must not stay there.)"""
+    subprocess.Popen(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def launch_cmd(*args: str) -> list[str]:
     """argv that runs the `launch` CLI from this checkout with this interpreter."""
     return [sys.executable, "-m", "launcher", *args]
