@@ -45,18 +45,38 @@ SLOW_FIXTURES = LAB_FIXTURES | {
 
 
 # Where a test runs when the suite is spread over processes (pytest-xdist, `--dist loadgroup`,
-# as scripts/test runs it): a slow test stays with the rest of its module, so the module's lab
-# is built once; the tests of one shared stand-in stay in one process: the Slurm lab (one
-# slurmctld serves them all) and the setup tests' Debian root and package site. Fast tests go
-# wherever a process is free.
+# as scripts/test runs it): a slow test that shares a fixture with the rest of its module (a
+# lab, a run its tests read) stays with them, so that the fixture is made once; the tests of one
+# shared stand-in stay in one process: the Slurm lab (one slurmctld serves them all) and the
+# setup tests' Debian root and package site. Other tests go wherever a process is free: a
+# module of slow tests that share nothing was one unit of work, and tests/job/test_local_job.py
+# (18 runs, 7 minutes on a busy machine) held one process while the other ran out of work.
 SHARED_GROUPS = {"slurm_lab": "slurm", "lab_ready": "setup"}
+# Session fixtures that do not tie a module's tests to one process: read-only, cheap in each
+# process, or made once for every process (tests/conftest.py _local_run_once). Any other
+# fixture wider than a test keeps the module together (moto's server: its tests see each
+# other's resources).
+PER_PROCESS_OK = {"repo_root", "browser", "ddp_tuning", "data_dir", "demo_local_run",
+                  "short_demo", "tmp_path_factory", "worker_id", "testrun_uid"}
+
+
+def _shares_a_fixture(item) -> bool:
+    """Whether the test uses a fixture wider than itself that its module's tests share."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return True
+    for name in item.fixturenames:
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope != "function" and name not in PER_PROCESS_OK:
+            return True
+    return False
 
 
 def _group(item, used: set[str]) -> str | None:
     for fixture, group in SHARED_GROUPS.items():
         if fixture in used:
             return group
-    if item.get_closest_marker("slow"):
+    if item.get_closest_marker("slow") and _shares_a_fixture(item):
         return item.nodeid.split("::", 1)[0]
     return None
 
@@ -76,9 +96,10 @@ def pytest_collection_modifyitems(config, items):
     # out its units (a group, or one ungrouped test) largest first and in this order among
     # equals, so a one-test group (a lost machine, a spot notice: a minute or more each) came
     # among the fast tests at the end of the collection and ran alone while the other process
-    # sat idle (measured: ~100 s of one idle core at the suite's end). The sort is stable: a
-    # module's tests keep their order.
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    # sat idle (measured: ~100 s of one idle core at the suite's end). Slow tests of no group
+    # (10-70 s each) come between. The sort is stable: a module's tests keep their order.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else
+               1 if item.get_closest_marker("slow") else 2)
 
 
 # Set in a test process where pytest-xdist lost the groups (below).
@@ -156,6 +177,15 @@ def ddp_tuning():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def remove_later(path: Path) -> None:
+    """Removes a large folder (a venv with torch, a node's root) in a process of its own, not
+    waited for: on an ext4 mounted with `discard`, as the 2-core test machine's is, removing a
+    torch install held the test process 43 s, waiting on the disk instead of running tests.
+    (pytest keeps the last runs' temporary folders: a gigabyte each must not stay there.)"""
+    subprocess.Popen(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def launch_cmd(*args: str) -> list[str]:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from launcher.core.node_code import PACKAGES
+from tests.conftest import remove_later
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +80,27 @@ def _not_source(folder: str, names: list[str]) -> set[str]:
     return top & set(names) | set(_CACHES(folder, names))
 
 
+def _build_isolation() -> list[str]:
+    """pip's flag to build with this environment's build backend where it has what
+    pyproject.toml's build-system requires (torch's metadata brings setuptools): an isolated
+    build first installs setuptools into an environment of its own, 10 s of the fixture and 4 s
+    of a core for the same backend. (scripts/bootstrap.sh's editable install is an isolated
+    build.)"""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    for requirement in map(Requirement, requires):
+        try:
+            if not requirement.specifier.contains(version(requirement.name)):
+                return []
+        except PackageNotFoundError:
+            return []
+    return ["--no-build-isolation"]
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
@@ -88,8 +110,8 @@ def installed(tmp_path_factory):
     shutil.copytree(REPO, source, ignore=_not_source)
     env = _outside_env()
     wheels = root / "dist"
-    _step([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels),
-           str(source)], env, timeout=300)
+    _step([sys.executable, "-m", "pip", "wheel", "--no-deps", *_build_isolation(), "--quiet",
+           "-w", str(wheels), str(source)], env, timeout=300)
     (wheel,) = wheels.glob("launch-*.whl")
 
     venv = root / "venv"
@@ -123,8 +145,7 @@ def installed(tmp_path_factory):
                    cwd=home, env=run_env, capture_output=True, timeout=300,
                    stdin=subprocess.DEVNULL)
     yield Installed(wheel, venv, site_packages, run_env, install_s)
-    # 1.4 GB, mostly torch: pytest keeps the last runs' temporary folders.
-    shutil.rmtree(venv, ignore_errors=True)
+    remove_later(venv)   # 1.4 GB, mostly torch
 
 
 @pytest.fixture

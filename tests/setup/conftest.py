@@ -41,6 +41,7 @@ import pytest
 import yaml
 
 from launcher.lab import netns
+from tests.conftest import remove_later
 from tests.setup import stand_ins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -512,7 +513,7 @@ def make_node(lab, vendor_site, root_tarball, wheelhouse, ssh_key, tmp_path_fact
             node.stop()
         for node in started:
             # Our mount namespace never had the node's mounts: this removes only the copy.
-            shutil.rmtree(node.root, ignore_errors=True)
+            remove_later(node.root)
 
 
 @dataclass
