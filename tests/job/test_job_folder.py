@@ -265,11 +265,19 @@ def test_what_a_run_wrote_is_told_from_what_was_shipped_and_fetched_safely(tmp_p
             checked([[bad, 1]], "node0")
 
 
-def test_fetching_job_folders_names_what_is_missing(tmp_path):
+def _fetch(tmp_path, capsys, run_id: str) -> tuple[int, str, str]:
+    """`launch fetch RUN_ID --workdir` in this process (launch's own command line), from
+    tmp_path: (exit code, stdout, stderr)."""
+    from launcher.cli import main
+
+    code = main(["fetch", run_id, "--workdir", "--runs-dir", str(tmp_path / "runs")])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_fetching_job_folders_names_what_is_missing(tmp_path, capsys):
     """`launch fetch RUN --workdir` where it cannot reach the nodes: the file and what to do,
     no traceback."""
-    from tests.conftest import launch_cmd
-
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
     (run / "launch.json").write_text('{"run_id": "x"}')
@@ -278,8 +286,7 @@ def test_fetching_job_folders_names_what_is_missing(tmp_path):
     def fetch(plan):
         if plan is not None:
             (run / "plan.json").write_text(json.dumps(plan))
-        return subprocess.run(launch_cmd("fetch", "x", "--workdir"), cwd=tmp_path, text=True,
-                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        return _fetch(tmp_path, capsys, "x")
 
     gone = tmp_path / "gone.ini"
     cases = [
@@ -291,21 +298,19 @@ def test_fetching_job_folders_names_what_is_missing(tmp_path):
          "names it): name where the run's nodes are now (-i INVENTORY or --cluster NAME)"),
     ]
     for plan, says in cases:
-        proc = fetch(plan)
-        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr
-    proc = fetch({"backend": "local", "backend_settings": {}, "nodes": [node]})
-    assert proc.returncode == 1 and "h0: its job folder /w/c.runs/x.u/h0 could not be read: " \
+        code, _, err = fetch(plan)
+        assert code == 2 and says in err, err
+        assert "Traceback" not in err
+    code, _, err = fetch({"backend": "local", "backend_settings": {}, "nodes": [node]})
+    assert code == 1 and "h0: its job folder /w/c.runs/x.u/h0 could not be read: " \
         "/w/c.runs/x.u/h0: No such file or directory (a run's job folder is removed once " \
-        "newer runs" in proc.stderr
+        "newer runs" in err
     assert not (run / "workdir" / "h0").exists()
 
 
-def test_fetching_many_nodes_shows_the_screens_worth_and_the_totals(tmp_path):
+def test_fetching_many_nodes_shows_the_screens_worth_and_the_totals(tmp_path, capsys):
     """`launch fetch RUN --workdir` of a local run of 10 nodes: every node's snapshot comes
     back, a line each for the first 8 (the screen's limit), then the totals."""
-    from tests.conftest import launch_cmd
-
     copy, digest = shipped(tmp_path)
     nodes = [f"node{i}" for i in range(10)]
     for node in nodes:
@@ -316,10 +321,9 @@ def test_fetching_many_nodes_shows_the_screens_worth_and_the_totals(tmp_path):
     (run / "plan.json").write_text(json.dumps({
         "backend": "local", "backend_settings": {},
         "nodes": [{"name": n, "job_dir": view(copy, "r1", n)} for n in nodes]}))
-    proc = subprocess.run(launch_cmd("fetch", "r1", "--workdir"), cwd=tmp_path, text=True,
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    code, out, err = _fetch(tmp_path, capsys, "r1")
+    assert code == 0, err
+    lines = out.splitlines()
     assert [line.split(":")[0].strip() for line in lines[1:9]] == nodes[:8]
     assert lines[9] == (f"  10 node(s): 10 file(s), 20 B written by the run, 10 copied into "
                         f"{run / 'workdir'}/NODE/")
