@@ -17,6 +17,7 @@ import codecs
 import os
 import selectors
 import threading
+import time
 from typing import Any
 
 CHUNK = 1 << 16
@@ -28,6 +29,7 @@ class Pumped:
 
     def __init__(self, channel: Any, out: Any, err: Any):
         self.channel, self.out, self.err = channel, out, err
+        self.fd = -1   # the channel's pipe, as registered with the selector
         self.done = threading.Event()
         self._decoders = (codecs.getincrementaldecoder("utf-8")(errors="replace"),
                           codecs.getincrementaldecoder("utf-8")(errors="replace"))
@@ -85,11 +87,14 @@ class ChannelPump:
 
     def _run(self) -> None:
         while True:
-            for key, _events in self._selector.select():
-                if key.data is None:
-                    self._take_pending()
-                    continue
-                self._serve(key.data)
+            try:
+                for key, _events in self._selector.select():
+                    if key.data is None:
+                        self._take_pending()
+                        continue
+                    self._serve(key.data)
+            except Exception:  # noqa: BLE001 (the one reader of every node: it must go on)
+                time.sleep(0.05)   # never a hot loop on an error that repeats
 
     def _take_pending(self) -> None:
         try:
@@ -100,7 +105,17 @@ class ChannelPump:
         with self._lock:
             pending, self._pending = self._pending, []
         for pumped in pending:
-            self._selector.register(pumped.channel.fileno(), selectors.EVENT_READ, pumped)
+            pumped.fd = pumped.channel.fileno()
+            try:
+                self._selector.register(pumped.fd, selectors.EVENT_READ, pumped)
+            except KeyError:
+                # The number of a pipe closed while registered (a channel closed by hand
+                # before its end was seen), now another channel's: the stale entry goes.
+                stale = self._selector.get_key(pumped.fd).data
+                self._selector.unregister(pumped.fd)
+                if stale is not None:
+                    stale.done.set()
+                self._selector.register(pumped.fd, selectors.EVENT_READ, pumped)
             self._serve(pumped)   # what arrived before it was registered
 
     def _serve(self, pumped: Pumped) -> None:
@@ -110,7 +125,8 @@ class ChannelPump:
             ended = True
         if ended:
             try:
-                self._selector.unregister(pumped.channel.fileno())
+                # By the number registered: fileno() of a channel closed by hand makes a pipe.
+                self._selector.unregister(pumped.fd)
             except (KeyError, ValueError, OSError):
                 pass
             pumped.done.set()
