@@ -248,8 +248,9 @@ def run_launch(tmp_path):
 
     def run(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
             check: bool = False) -> subprocess.CompletedProcess:
-        full_env = {**os.environ, **(env or {})}
-        full_env.setdefault("LAUNCH_HOME", str(tmp_path / "launch-home"))
+        # The test's own launch home unless it names one: never the process's (the suite's,
+        # or a caller's exported LAUNCH_HOME, which setdefault once let through).
+        full_env = {**os.environ, "LAUNCH_HOME": str(tmp_path / "launch-home"), **(env or {})}
         proc = subprocess.run(
             launch_cmd(*args), cwd=cwd or tmp_path, env=full_env, text=True,
             capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
