@@ -14,6 +14,7 @@ from launcher.core.errors import LauncherError
 from launcher.runs.screen import SCREEN_ALL_NODES
 from launcher.workdir import job_files
 from launcher.workdir.job_files import FOLDER
+from launcher.workdir.scan import human_bytes
 
 HELP = """\
 Copies the run folder of a detached run from where it lives (the controller host over SSH)
@@ -119,7 +120,7 @@ def fetch_workdir(args, run, run_dir: Path) -> int:
     read = [n for n in found if not n.error]
     if len(read) > len(shown):
         print(f"  {len(read)} node(s): {sum(len(n.files) for n in read)} file(s), "
-              f"{job_files.size_text(sum(n.size for n in read))} written by the run"
+              f"{human_bytes(sum(n.size for n in read))} written by the run"
               + ("" if args.dry_run else
                  f", {sum(n.copied for n in read)} copied into {dest}/NODE/"))
     if args.dry_run:

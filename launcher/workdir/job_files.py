@@ -20,6 +20,7 @@ from typing import Any
 from launch_node.job_folder import JobFolderError, open_run_file, run_files
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
+from launcher.workdir.scan import human_bytes
 
 FOLDER = "workdir"
 # How each node's list was told, for people (launch_node/job_folder.py run_files's `how`).
@@ -121,16 +122,8 @@ def describe(found: NodeFiles) -> str:
     """One line for a node's answer."""
     if found.error:
         return f"{found.node}: {found.error}"
-    return (f"{found.node}: {len(found.files)} file(s), {size_text(found.size)} written by the "
+    return (f"{found.node}: {len(found.files)} file(s), {human_bytes(found.size)} written by the "
             f"run in {found.job_dir}")
-
-
-def size_text(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def fetch_here(found_targets: list[Target], dest: Path, dry_run: bool = False
