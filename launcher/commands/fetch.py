@@ -81,7 +81,7 @@ def fetch_workdir(args, run, run_dir: Path) -> int:
     """What the run wrote in its nodes' job folders, into run_dir/workdir/<node>/; 1 when a
     node's could not be read."""
     plan = _plan(run_dir)
-    targets = job_files.targets(plan)
+    targets = job_files.targets(plan, run_dir / "plan.json")
     if not targets:
         print(f"run {run.run_id}: its job ran in no job folder of its own (no workdir was "
               "shipped, or it is launch's own workload): nothing more to fetch")

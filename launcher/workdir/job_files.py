@@ -20,6 +20,7 @@ from typing import Any
 from launch_node.job_folder import JobFolderError, open_run_file, run_files
 from launcher.core import safefile
 from launcher.core.errors import LauncherError
+from launcher.core.names import component_problem, shown
 from launcher.workdir.scan import human_bytes
 
 FOLDER = "workdir"
@@ -56,13 +57,18 @@ class NodeFiles:
         return sum(size for _, size in self.files)
 
 
-def targets(plan: dict[str, Any]) -> list[Target]:
-    """The job folders plan.json names, one per node (none for a run whose job ran in the
-    node's folder: launch's own workloads, a run without a workdir)."""
+def targets(plan: dict[str, Any], source: Any = "plan.json") -> list[Target]:
+    """The job folders plan.json (`source`) names, one per node (none for a run whose job ran
+    in the node's folder: launch's own workloads, a run without a workdir). A node's name
+    becomes a folder here: one that cannot is refused, naming the file."""
     out = []
     for node in plan.get("nodes") or []:
         if isinstance(node, dict) and isinstance(node.get("job_dir"), str) \
                 and isinstance(node.get("name"), str):
+            why = component_problem(node["name"])
+            if why:
+                raise LauncherError(f"{source}: node {shown(node['name'])} cannot name a "
+                                    f"folder: {why}")
             out.append(Target(node["name"], node["job_dir"],
                               tuple(str(a) for a in node.get("probe") or ())))
     return out

@@ -297,6 +297,9 @@ def test_fetching_job_folders_names_what_is_missing(tmp_path, capsys):
          f"{gone}: cannot read the inventory: no such file or folder (as {run / 'plan.json'} "
          "names it): name where the run's nodes are now (-i INVENTORY or --cluster NAME)"),
     ]
+    cases.append(({"backend": "local", "backend_settings": {},
+                   "nodes": [{**node, "name": ".."}]},
+                  f"{run / 'plan.json'}: node '..' cannot name a folder"))
     for plan, says in cases:
         code, _, err = fetch(plan)
         assert code == 2 and says in err, err
