@@ -24,8 +24,16 @@ for n in range(3):
     out.write(b"\xa9 %d\n" % n); out.flush()
 print("to stderr on node", os.environ["LAUNCH_NODE_RANK"], file=sys.stderr, flush=True)
 out.write(b"no newline at the end"); out.flush()
-if os.environ["LAUNCH_NODE_RANK"] == "1":
-    time.sleep(1)   # host0 has ended by then: the failure stops nothing of it
+# host1 fails, but only once host0 has written all of its output (the lab's hosts share one
+# filesystem): the stop a failure brings then cuts nothing short, however busy the machine.
+done = sys.argv[1]
+if os.environ["LAUNCH_NODE_RANK"] == "0":
+    open(done, "w").close()
+else:
+    for _ in range(1200):
+        if os.path.exists(done):
+            break
+        time.sleep(0.1)
     sys.exit(3)
 """
 
@@ -34,14 +42,14 @@ def test_split_characters_last_lines_and_the_exit_status_arrive_whole(lab, tmp_p
     (tmp_path / "job.py").write_text(JOB)
     (tmp_path / "r.yml").write_text(json.dumps({
         "name": "pumped", "nodes": 2, "workdir": ".",
-        "job": {"command": [lab.python, "job.py"]}}))
+        "job": {"command": [lab.python, "job.py", str(tmp_path / "host0-done")]}}))
     proc = subprocess.run(launch_cmd("run", "-i", str(lab.inventory), "r.yml", "--run-id",
                                      "pumped"), cwd=tmp_path, text=True, capture_output=True,
                           timeout=180, stdin=subprocess.DEVNULL)
     # host1 exits 3: the run fails with that node and that code.
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((tmp_path / "runs" / "pumped" / "summary.json").read_text())
-    assert {n["name"]: n["exit_code"] for n in summary["nodes"]}["host1"] == 3
+    assert {n["name"]: n["exit_code"] for n in summary["nodes"]} == {"host0": 0, "host1": 3}
     for rank, host in enumerate(("host0", "host1")):
         log = (tmp_path / "runs" / "pumped" / host / "node.log").read_text()
         lines = [line.split(": ", 1)[1] for line in log.splitlines() if ": " in line]
