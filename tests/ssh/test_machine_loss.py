@@ -6,7 +6,6 @@ part: whether the machine is gone, and a new one)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 
@@ -55,10 +54,6 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     first = json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())
     assert first["lost"] == {"host0": recovery["why"]}
     assert "node host0 was lost" in first["failure"]["reason"]
-    # Noticed by its silence to the hang watch's looks and its fleet's word, not when TCP
-    # gave up on the connection (20 s): the line says which.
-    assert re.search(r"node host0: no answer for \d+ s and its machine is gone \(lab host "
-                     r"host0: its network namespace is gone\)", out), out[-5000:]
     assert [n["name"] for n in summary["nodes"]] == ["host2", "host1"]
     assert f"mirror: restored {files.stem(saved)}" in out
     # Nothing lost past the last mirrored checkpoint, and the same model as without the loss.
