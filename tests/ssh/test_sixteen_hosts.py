@@ -31,8 +31,13 @@ def wait_for_the_peer_that_never_answers():
     while True:
         time.sleep(3600)
 
+marks = sys.argv[2]   # a folder of the lab's shared filesystem: one file per host that is up
+open(os.path.join(marks, f"up{rank}"), "w").close()
 if mode == "fail" and rank == 11:
-    time.sleep(1)
+    # Fails once every host has said it is up (not after a sleep a busy machine outlasts:
+    # a host started late would be stopped before its first line).
+    while len(os.listdir(marks)) < int(os.environ["LAUNCH_NUM_NODES"]):
+        time.sleep(0.1)
     raise RuntimeError("host 11 lost its data shard")
 if mode == "hang" and rank == 13:
     wait_for_the_peer_that_never_answers()
@@ -53,11 +58,13 @@ def lab16(module_lab16):
 
 def _run(lab, tmp_path, run_id: str, mode: str, *extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "up").mkdir()
     recipe = tmp_path / f"{run_id}.yml"
     recipe.write_text(json.dumps({"name": run_id, "nodes": HOSTS, "workdir": ".",
                                   # The lab's interpreter: py-spy, which dumps the hung
                                   # host's stack, is installed beside it.
-                                  "job": {"command": [lab.python, "job.py", mode]}}))
+                                  "job": {"command": [lab.python, "job.py", mode,
+                                                      str(tmp_path / "up")]}}))
     return subprocess.run(
         launch_cmd("run", "-i", str(lab.inventory), str(recipe), "--run-id", run_id, *extra),
         cwd=tmp_path, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
