@@ -98,8 +98,11 @@ def time_launch(lab: Lab, hosts: int, run_id: str, tmp: Path, sleep_s: float, cp
         wall, used, peak, out, threads = timed_child(argv, env, tmp)
     if f"run {run_id} succeeded" not in out:
         raise RuntimeError(f"launch did not run the job everywhere:\n{out[-3000:]}")
+    # The run's own timeline (summary.json): which part grew when the ratio does.
+    summary = json.loads((tmp / "runs" / run_id / "summary.json").read_text())
+    phases = {p["name"]: p["s"] for p in (summary.get("timeline") or {}).get("phases") or []}
     return {"wall_s": wall, "cpu_s": used, "peak_mb": peak, "threads": threads,
-            "nodes_cpu": meter and meter.seconds}
+            "nodes_cpu": meter and meter.seconds, "phases": phases}
 
 
 def time_plain(lab: Lab, hosts: int, sleep_s: float, cpu: bool) -> dict:
@@ -136,7 +139,7 @@ def lab_part(host_counts: list[int], sleep_s: float, cpu: bool) -> list[dict]:
                 row = {"hosts": hosts, "plain_s": plain["wall_s"], "launch_s": launch["wall_s"],
                        "ratio": launch["wall_s"] / plain["wall_s"],
                        "launch_peak_mb": launch["peak_mb"], "launch_cpu_s": launch["cpu_s"],
-                       "launch_threads": launch["threads"],
+                       "launch_threads": launch["threads"], "phases": launch["phases"],
                        "load": os.getloadavg()}
                 if cpu:
                     on_nodes = [k for k in overhead.CPU_ROWS if k not in overhead.HERE]
@@ -172,6 +175,14 @@ def lab_table(rows: list[dict]) -> str:
         lines.append("| total | " + " | ".join(
             f"{sum(r['node_cpu_per_node']['launch'].values()):.3f} / "
             f"{sum(r['node_cpu_per_node']['plain'].values()):.3f}" for r in rows) + " |")
+    if rows and any(r.get("phases") for r in rows):
+        names = list(dict.fromkeys(n for r in rows for n in r.get("phases") or {}))
+        lines += ["", "launch's timeline (summary.json), s:", "",
+                  "| phase | " + " | ".join(f"{r['hosts']} hosts" for r in rows) + " |",
+                  "| --- |" + " --- |" * len(rows)]
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(
+                f"{(r.get('phases') or {}).get(name, 0):.2f}" for r in rows) + " |")
     return "\n".join(lines)
 
 

@@ -31,6 +31,18 @@ job's child that moved to a session of its own, out of reach of the agent's proc
 until stdin ends: the hang watch's looks over one SSH channel kept for the run, each a line
 instead of an interpreter started (launcher/backends/ssh/watcher.py), and the reap after the
 run's end over the same channel.
+`watch --guard PGID`: the same looks, asked from inside the node agent's own SSH session
+(launcher/backends/ssh/agent.py START_SCRIPT starts it beside the agent, on the session's
+stdin; it answers on the session's stderr, which carries nothing of the job's): a line `WHAT ID`
+is answered `@@launch-watch ID JSON`, and `signal NAME ID` signals the agent's process group.
+When stdin ends (the agent ended and sshd closed it, or launch closed it, or the connection
+dropped) it is the agent's guard: a live agent's process group gets SIGTERM, SIGKILL 3 s later;
+then every process of this start of the node still there (the run's stamp and
+LAUNCH_AGENT_SESSION=PGID in its environment: a job's child in a session of its own) is
+killed, and what was killed is the last line, `@@launch-watch end JSON`. One SSH session per
+node does the agent, its looks, its signals and its reap: every session costs the node a login
+shell (a pyenv or conda init in ~/.bashrc: 0.17 s of CPU measured on the lab), and at 64 hosts
+launch's four sessions per node were most of its time over a plain fan-out.
 launch starts it with `python -S` (no site-packages: it needs only the standard library, and a
 node's site-packages with torch's CUDA wheels has dozens of .pth files and paths to read at
 every start).
@@ -49,6 +61,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,6 +70,12 @@ from launch_node.heartbeat import (HEARTBEAT_DIR, STACK_SIGNAL, read_heartbeat, 
                              stack_path)
 
 STAMP_ENV = "LAUNCH_RUN_STAMP"
+# The process group (= session) of one start of a node's agent, in every process it starts
+# (launcher/backends/ssh/agent.py START_SCRIPT): what the guard's reap keeps to, so that a
+# start's end never reaps the next start of the same node.
+SESSION_ENV = "LAUNCH_AGENT_SESSION"
+ANSWER_MARK = "@@launch-watch "
+GUARD_GRACE_S = 3.0
 STATE_NAMES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "T": "stopped",
                "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
 
@@ -218,8 +237,9 @@ def describe_rank(beat: dict[str, Any], run_dir: Path, stamp: str, timeout: floa
     return out
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, CPU ticks: user + system) from /proc/<pid>/stat."""
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, CPU ticks: user + system, start time in ticks since boot) from
+    /proc/<pid>/stat."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -227,7 +247,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     # The command name sits in parentheses and may hold spaces: the fields follow the last ')'.
     fields = text.rsplit(")", 1)[1].split()
     try:
-        return fields[0], int(fields[1]), int(fields[11]) + int(fields[12])
+        return fields[0], int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
     except (IndexError, ValueError):
         return None
 
@@ -247,10 +267,12 @@ def _as_int(text: str | None) -> int | None:
         return None
 
 
-def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
+def run_processes(stamp: str, node: str | None = None, session: str | None = None
+                  ) -> list[dict[str, Any]]:
     """Every process of the run on this node (but this probe), by the stamp in its
     environment: a pid that another process reused is never taken for one of the run's.
-    `node`: only the processes of that launch node."""
+    `node`: only the processes of that launch node; `session`: only those of that start of
+    its agent (SESSION_ENV)."""
     out = []
     me = os.getpid()
     # Every process's environment is read, but only the run's are parsed: the stamp's entry
@@ -271,7 +293,8 @@ def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
         if entry_bytes not in b"\0" + raw + b"\0":
             continue
         env = _parse_environ(raw)
-        if env.get(STAMP_ENV) != stamp or (node is not None and env.get("LAUNCH_NODE") != node):
+        if env.get(STAMP_ENV) != stamp or (node is not None and env.get("LAUNCH_NODE") != node) \
+                or (session is not None and env.get(SESSION_ENV) != session):
             continue
         stat = _stat(pid)
         if stat is None:
@@ -279,6 +302,7 @@ def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
         argv = _cmdline(pid)
         out.append({
             "pid": pid, "ppid": stat[1], "state": stat[0], "cpu_ticks": stat[2],
+            "started": stat[3],
             "rank": _as_int(env.get("RANK")), "local_rank": _as_int(env.get("LOCAL_RANK")),
             # torchrun's agent (launch's, or one the user's command started): it waits for
             # its workers and is not one of the job's ranks.
@@ -290,9 +314,44 @@ def run_processes(stamp: str, node: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def activity(run_dir: str | Path, stamp: str, node: str | None = None) -> dict[str, Any]:
-    return {"beats": read_heartbeats(run_dir), "procs": run_processes(stamp, node),
+def activity(run_dir: str | Path, stamp: str, node: str | None = None,
+             procs: Callable[[], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    return {"beats": read_heartbeats(run_dir),
+            "procs": procs() if procs is not None else run_processes(stamp, node),
             "ticks_per_s": os.sysconf("SC_CLK_TCK")}
+
+
+class KnownProcesses:
+    """The run's processes for a watcher's looks every 2 s: every process's environment
+    read (run_processes) at most every `rescan_s`, and at once when one found before is
+    gone (torchrun restarted its workers, the job ended a step of its pipeline); between,
+    only the processes found, re-read from their stat, a pid reused told by its start time.
+    A full look reads every process of the machine: a lab of 64 hosts shares one /proc of
+    ~600, and its 64 watchers' full looks were 0.17-0.23 s of CPU per node in a 30 s run,
+    the largest of launch's costs on a node (benchmarks/scale.py). A process the run starts
+    between two full looks is seen at the next: the hang watch's verdict waits minutes."""
+
+    def __init__(self, stamp: str, node: str | None, rescan_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stamp, self.node, self.rescan_s, self.clock = stamp, node, rescan_s, clock
+        self._known: list[dict[str, Any]] = []
+        self._scanned: float | None = None
+
+    def __call__(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        if self._known and self._scanned is not None and now - self._scanned < self.rescan_s:
+            again = []
+            for proc in self._known:
+                stat = _stat(proc["pid"])
+                if stat is None or stat[3] != proc["started"]:
+                    break   # one is gone: look at everything again
+                again.append({**proc, "state": stat[0], "cpu_ticks": stat[2]})
+            else:
+                self._known = again
+                return again
+        self._known = run_processes(self.stamp, self.node)
+        self._scanned = now
+        return self._known
 
 
 def rank_processes(run_dir: Path, stamp: str, node: str | None = None) -> list[dict[str, Any]]:
@@ -342,26 +401,106 @@ def kill(pids: list[int], stamp: str) -> dict[str, Any]:
     return {"killed": killed, "skipped": skipped}
 
 
-def reap(stamp: str, node: str | None = None) -> dict[str, Any]:
-    return kill([p["pid"] for p in run_processes(stamp, node)], stamp)
+def reap(stamp: str, node: str | None = None, session: str | None = None) -> dict[str, Any]:
+    return kill([p["pid"] for p in run_processes(stamp, node, session)], stamp)
+
+
+def look(what: str, run_dir: str | Path, stamp: str, node: str | None,
+         procs: KnownProcesses | None = None) -> Any:
+    if what == "heartbeats":
+        return read_heartbeats(run_dir)
+    if what == "activity":
+        return activity(run_dir, stamp, node, procs)
+    if what == "reap":
+        return reap(stamp, node)
+    raise ValueError(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, "
+                     "activity, reap)")
 
 
 def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
+    procs = KnownProcesses(stamp, node)
     while line := sys.stdin.readline():
-        what = line.strip()
-        if what == "heartbeats":
-            answer: Any = read_heartbeats(run_dir)
-        elif what == "activity":
-            answer = activity(run_dir, stamp, node)
-        elif what == "reap":
-            answer = reap(stamp, node)
-        else:
-            print(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, activity, "
-                  "reap)",
-                  file=sys.stderr)
+        try:
+            answer = look(line.strip(), run_dir, stamp, node, procs)
+        except ValueError as err:
+            print(err, file=sys.stderr)
             return 2
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
+    return 0
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_agent(pgid: int, grace_s: float = GUARD_GRACE_S) -> bool:
+    """The agent (its pid is its group's id) still running when launch is gone: its group
+    stopped, SIGTERM then SIGKILL (torchrun given SIGTERM was seen hanging at exit on its
+    --tee log threads). False when the agent had ended."""
+    try:
+        os.kill(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except OSError:
+        return True
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+    return True
+
+
+def guard(run_dir: str | Path, stamp: str, node: str | None, pgid: int) -> int:
+    """`watch --guard`: the looks asked in the agent's own session, then its guard and reap
+    (the module's docstring)."""
+    try:
+        os.setpgid(0, 0)   # out of the agent's group: launch's SIGKILL to it must not end
+    except OSError:        # the guard, whose reap and last line come after
+        pass
+    out = sys.stdout
+    procs = KnownProcesses(stamp, node)
+
+    def say(ident: str, answer: Any) -> None:
+        out.write(f"{ANSWER_MARK}{ident} {json.dumps(answer)}\n")
+        out.flush()
+
+    try:
+        while line := sys.stdin.readline():
+            parts = line.split()   # WHAT ID, or signal NAME ID
+            if not parts:
+                continue
+            what, ident = parts[0], (parts[-1] if len(parts) > 1 else "-")
+            try:
+                if what == "signal" and len(parts) == 3:
+                    os.killpg(pgid, getattr(signal, "SIG" + parts[1]))
+                    answer: Any = {"sent": True}
+                else:
+                    answer = look(what, run_dir, stamp, node, procs)
+            except (ValueError, AttributeError, OSError) as err:
+                answer = {"error": str(err)[:300]}
+            say(ident, answer)
+    except (BrokenPipeError, OSError):
+        pass   # launch is gone: the guard still does its part
+    stopped = stop_agent(pgid)
+    reaped = reap(stamp, node, str(pgid))
+    try:
+        say("end", {**reaped, "stopped": stopped})
+    except (BrokenPipeError, OSError):
+        pass
     return 0
 
 
@@ -389,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     wp.add_argument("run_dir")
     wp.add_argument("--stamp", required=True)
     wp.add_argument("--node")
+    wp.add_argument("--guard", type=int, help="the agent's process group: looks asked in its "
+                    "session, its guard and reap when stdin ends")
     args = p.parse_args(argv)
     if args.what == "heartbeats":
         print(json.dumps(read_heartbeats(args.run_dir)))
@@ -398,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(dump(args.run_dir, args.stamp, args.timeout, args.node)))
     elif args.what == "reap":
         print(json.dumps(reap(args.stamp, args.node)))
+    elif args.what == "watch" and args.guard is not None:
+        return guard(args.run_dir, args.stamp, args.node, args.guard)
     elif args.what == "watch":
         return watch(args.run_dir, args.stamp, args.node)
     else:

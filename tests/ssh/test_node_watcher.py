@@ -76,3 +76,53 @@ def test_one_watcher_answers_every_look_is_replaced_when_it_dies_and_leaves_when
         # Gone when close() returns: launch waits for the watcher's exit.
         assert watchers(lab, node.name) == []
         conn.close()
+
+
+def test_the_watcher_in_the_agents_own_session_looks_signals_and_reaps_what_escaped(
+        lab, tmp_path):
+    """The node's one SSH session: the agent's start also starts its watcher (no second
+    session for looks), a stop's signal goes through it, and when the agent ends it kills what
+    of this start escaped the agent's process group (a child in a session of its own) and says
+    so."""
+    import signal
+    import time
+
+    node = load_inventory(lab.inventory)[0]
+    run_dir = tmp_path / "node"
+    run_dir.mkdir()
+    escaped = run_dir / "escaped.pid"
+    job = f'setsid sleep 301 & echo $! > {escaped}; echo started; exec sleep 302'
+    command = NodeCommand(name=node.name, address=node.address,
+                          private_address=node.private_address, is_head=True, gpus=0,
+                          argv=("sh", "-c", job), env={"LAUNCH_NODE": node.name},
+                          run_dir=str(run_dir), cwd=str(run_dir),
+                          probe=(node.python, "-S", str(NODE_PROBE)))
+    conn = connect(node, SshOptions())
+    proc = SshNodeProcess(command, node, conn, SshOptions(), stamp="session-watcher-test")
+    try:
+        proc.start()
+        lines = proc.lines()
+        assert next(lines) == "started"
+        found = watchers(lab, node.name)
+        assert len(found) == 1
+        assert b"--guard" in Path(f"/proc/{found[0]}/cmdline").read_bytes().split(b"\0")
+        procs = {p["cmd"] for p in proc.activity()["procs"]}
+        assert procs == {"sleep 301", "sleep 302"}
+        beat(run_dir, 7)
+        assert [b["step"] for b in proc.heartbeats()] == [7]
+        assert watchers(lab, node.name) == found   # no watcher of its own session opened
+
+        proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is not None
+        pid = int(escaped.read_text())
+        # Killed by the guard at the agent's end, and said in the session's last line.
+        assert proc.reap()["killed"] == [pid]
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert watchers(lab, node.name) == []
+    finally:
+        proc.close()
+        conn.close()

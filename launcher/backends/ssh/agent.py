@@ -17,7 +17,7 @@ from typing import Any
 from fabric import Connection
 
 from launcher.backends.ssh.pump import Pumped, start_on
-from launcher.backends.ssh.watcher import NodeWatcher
+from launcher.backends.ssh.watcher import ANSWER_MARK, NodeWatcher, SessionWatcher
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import connect, remote
 from launcher.cluster.ssh_options import SshOptions
@@ -31,14 +31,20 @@ from launcher.runs.logs import LineSink
 PGID_FILE = "launch.pgid"
 # Runs in the node's folder (the job's workdir, or the node's run folder) as its own session
 # leader (setsid), so $$ is the process group id every process of the node agent shares;
-# recorded (in a file named by a path from there) before torchrun replaces it. $3: a folder
-# to put first on PATH (the node's interpreter's: its pip, torchrun, deepspeed); $4: a folder
-# the job finds made (LAUNCH_CHECKPOINT_DIR), or "".
-# The watchdog holds the SSH session's stdin, which only ends when the session does: if
-# launch dies (even by SIGKILL) or the connection drops, it stops the agent's process group
-# (SIGTERM, SIGKILL 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee
-# log threads) instead of leaving the node training unsupervised. When the agent ends first,
-# the watchdog finds it gone and leaves at once.
+# recorded (in a file named by a path from there) before torchrun replaces it, and given to
+# every process of this start as LAUNCH_AGENT_SESSION. $3: a folder to put first on PATH (the
+# node's interpreter's: its pip, torchrun, deepspeed); $4: a folder the job finds made
+# (LAUNCH_CHECKPOINT_DIR), or "". $5-$9: the node's watcher (launch_node/node_probe.py
+# `watch --guard`: its interpreter, its path, the node's run folder, the node, the run's
+# stamp), or $5 "" for none (a command run to its end).
+# The watcher answers the hang watch's looks and launch's signals on this session (stdin in,
+# the channel's stderr out: the job's own stderr goes to its stdout), and is the agent's guard:
+# it holds the SSH session's stdin, which only ends when the session does: if launch dies (even
+# by SIGKILL) or the connection drops, it stops the agent's process group (SIGTERM, SIGKILL
+# 3 s later: torchrun given SIGTERM was seen hanging at exit on its --tee log threads) instead
+# of leaving the node training unsupervised; when the agent ends first (sshd then closes its
+# stdin), it reaps what of this start is left and leaves. The shell loop after it is the guard
+# when there is no watcher, or when it failed: the agent is never left unguarded.
 # SSH_CLIENT and SSH2_CLIENT go: bash reads ~/.bashrc when it finds them and thinks itself
 # the shell sshd started, and every `bash -c` below (each setup line, a command job's shell)
 # then did, putting ~/.bashrc's PATH (pyenv's shims, seen) before the node's interpreter's
@@ -50,17 +56,22 @@ echo $$ > "$2"
 unset SSH_CLIENT SSH2_CLIENT
 if [ -n "$3" ]; then PATH="$3:$PATH"; export PATH; fi
 if [ -n "$4" ]; then mkdir -p "$4" || exit 97; fi
-shift 4
-exec 3<&0
+LAUNCH_AGENT_SESSION=$$; export LAUNCH_AGENT_SESSION
+exec 3<&0 4>&2
 (
   trap '' TERM
+  if [ -n "$5" ]; then
+    "$5" -S "$6" watch "$7" --stamp "$9" --node "$8" --guard $$ >&4 2>&4 4>&-
+  fi
+  exec 4>&-
   while read -r _; do :; done
   kill -0 $$ 2>/dev/null || exit 0
   kill -s TERM -- -$$ 2>/dev/null
   sleep 3
   kill -s KILL -- -$$ 2>/dev/null
 ) <&3 >/dev/null 2>&1 &
-exec "$@" </dev/null 2>&1 3<&-
+shift 9
+exec "$@" </dev/null 2>&1 3<&- 4>&-
 """
 SETSID_NOTE = re.compile(r"setsid: child \d+ did not exit normally")
 SIGNAL_SCRIPT = 'pgid=$(cat "$2" 2>/dev/null) || exit 0; kill -s "$1" -- "-$pgid" 2>/dev/null; exit 0'
@@ -92,12 +103,11 @@ class SshNodeProcess:
         self.started: Pumped | None = None   # this start's channel and its output
         self.exit_code: int | None = None
         self._reconnected: list[Connection] = []
-        # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): opened at the
-        # first, again after a failed one.
-        self._watcher = KeptWatcher(lambda: NodeWatcher(
-            self.connection(), self._probe_line("watch", self.command.run_dir, "--stamp",
-                                                self.stamp, "--node", self.name),
-            self.node.address))
+        # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): the watcher in
+        # this start's session, or, where it has none (or after it ended), one on a channel of
+        # its own, opened at the first look, again after a failed one.
+        self._session: SessionWatcher | None = None
+        self._watcher = KeptWatcher(self._open_watcher)
         # Restarts of the run before this start of the node (launch restarted it): added to
         # the plan's LAUNCH_ATTEMPT.
         self.attempt_offset = 0
@@ -106,16 +116,36 @@ class SshNodeProcess:
     def _new_output(self) -> None:
         self._lines: queue.Queue = queue.Queue()
         self._out = LineSink(self._lines.put)
-        self._err = LineSink(self._wrapper_line)
+        session = SessionWatcher(self.node.address) if self._watched() else None
+        self._session = session
+        self._err = LineSink(lambda line: self._wrapper_line(line, session))
 
-    def _wrapper_line(self, line: str) -> None:
+    def _watched(self) -> bool:
+        """Whether the node's watcher can live in its agent's session: the plan's probe is
+        the node's interpreter, -S, node_probe.py (runplan.py)."""
+        probe = self.command.probe
+        return len(probe) == 3 and probe[1] == "-S"
+
+    def _wrapper_line(self, line: str, session: SessionWatcher | None) -> None:
         """The channel's stderr: the job's own goes to its stdout (START_SCRIPT's 2>&1), so
-        only setsid and the start script write here. setsid -w's note on a child ended by a
-        signal ("setsid: child 123 did not exit normally: Success") is left out: it says
-        nothing the exit status does not, and it was the last line of a stopped node's
-        excerpt, in place of the job's own."""
-        if not SETSID_NOTE.match(line):
+        only the node's watcher, setsid and the start script write here. The watcher's
+        answers go to the look that asked. setsid -w's note on a child ended by a signal
+        ("setsid: child 123 did not exit normally: Success") is left out: it says nothing
+        the exit status does not, and it was the last line of a stopped node's excerpt, in
+        place of the job's own."""
+        if session is not None and line.startswith(ANSWER_MARK):
+            session.take(line)
+        elif not SETSID_NOTE.match(line):
             self._lines.put(line)
+
+    def _open_watcher(self):
+        session = self._session
+        if session is not None and session.alive():
+            return session
+        return NodeWatcher(self.connection(),
+                           self._probe_line("watch", self.command.run_dir, "--stamp",
+                                            self.stamp, "--node", self.name),
+                           self.node.address)
 
     def connection(self) -> Connection:
         """The node's connection, a new one if it dropped (restarts, probes, fetching)."""
@@ -125,18 +155,22 @@ class SshNodeProcess:
             self._reconnected.append(self.conn)
         return self.conn
 
-    def _start_line(self) -> str:
+    def _start_line(self, watched: bool = False) -> str:
         """The command started on the node as START_SCRIPT starts it: its own session, its
-        process group recorded, ended with the SSH session."""
+        process group recorded, ended with the SSH session; `watched`: the node's watcher in
+        that session."""
         values = {**self.command.env, STAMP_ENV: self.stamp}
         if self.attempt_offset:
             values["LAUNCH_ATTEMPT"] = str(int(values.get("LAUNCH_ATTEMPT", "0"))
                                            + self.attempt_offset)
         env = [f"{k}={v}" for k, v in values.items()]
+        probe = self.command.probe
+        watcher = [probe[0], probe[2], self.command.run_dir or ".", self.name, self.stamp] \
+            if watched else ["", "", "", "", ""]
         return remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
                       self.command.cwd or ".", self.pgid_path,
                       posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
-                      values.get("LAUNCH_CHECKPOINT_DIR", ""),
+                      values.get("LAUNCH_CHECKPOINT_DIR", ""), *watcher,
                       "env", *env, *self.command.argv)
 
     def start(self) -> None:
@@ -147,8 +181,12 @@ class SshNodeProcess:
             self.exit_code = None
         conn = self.connection()
         conn.open()
-        self.started = start_on(conn.client.get_transport(), self._start_line(), self._out,
+        session = self._session
+        self.started = start_on(conn.client.get_transport(),
+                                self._start_line(watched=session is not None), self._out,
                                 self._err)
+        if session is not None:
+            session.channel = self.started.channel
 
     def run_to_end(self, line: Callable[[str], None]) -> int | None:
         """The command to its end (setup, a restore), its lines to `line`."""
@@ -190,8 +228,17 @@ class SshNodeProcess:
         return self.exit_code
 
     def signal(self, sig: int) -> None:
-        """Signal the node's process group by the id it recorded: never by name."""
+        """Signal the node's process group by the id it recorded: never by name. Asked of
+        the watcher in its session where it lives (no login shell started on every node of a
+        stopped run), else in a session of its own."""
         name = signals.Signals(sig).name.removeprefix("SIG")
+        session = self._session
+        if session is not None and session.alive():
+            try:
+                session.ask(f"signal {name}", timeout=10)
+                return
+            except LauncherError:
+                pass
         pgid_file = posixpath.join(self.command.cwd or ".", self.pgid_path)
         line = remote("sh", "-c", SIGNAL_SCRIPT, "launch-signal", name, pgid_file)
         for attempt in range(2):
@@ -247,9 +294,12 @@ class SshNodeProcess:
         return self._probe("kill", "--stamp", self.stamp, *map(str, pids), timeout=30)
 
     def reap(self) -> dict[str, Any]:
-        """Every process of the run still on the node, killed (after its agent ended): asked
-        of the hang watch's watcher kept for the run (no interpreter started for it on every
-        node at every run's end), or of one started now where none was."""
+        """Every process of the run still on the node, killed (after its agent ended): what
+        the guard in the agent's session reaped when it ended, else asked of the hang watch's
+        watcher kept for the run, or of one started now where none was."""
+        session = self._session
+        if session is not None and session.end is not None:
+            return session.end
         return self._watcher.ask("reap", timeout=30)
 
     def close(self) -> None:

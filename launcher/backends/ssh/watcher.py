@@ -9,11 +9,20 @@ starts one, at the first look.
 
 The node's end reads its stdin to the end: when launch closes the channel, or its connection
 drops, or launch dies, it leaves.
+
+SessionWatcher is the same watcher started inside the node agent's own session
+(launcher/backends/ssh/agent.py START_SCRIPT), so a node costs one SSH session for the run, not
+two: its answers come on that session's stderr, read by the output pump, and are matched to
+the look that asked by a number. NodeWatcher stays for what comes after the agent ended (a
+late look, a reap nobody did) and for a start without one.
 """
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
+import time
 from typing import Any
 
 from fabric import Connection
@@ -64,3 +73,86 @@ class NodeWatcher:
             pass
         finally:
             self.channel.close()
+
+
+# launch_node/node_probe.py ANSWER_MARK: a line of the agent's session's stderr that is an answer.
+ANSWER_MARK = "@@launch-watch "
+
+
+class SessionWatcher:
+    """The looks of the watcher in one start of a node's agent. `take` is fed every marked
+    line of the session's stderr (the pump's thread); `ask` (the hang watch's threads, a
+    stop's signal) sends `WHAT N` on the session's stdin and waits for answer N. An answer to
+    a look that gave up waiting is dropped, never taken for the next one's."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.channel: Any = None       # set once the session is started
+        self.end: Any = None           # the guard's last line: what its reap killed
+        self._cond = threading.Condition()
+        self._waiting: dict[str, str | None] = {}
+        self._count = 0
+        self._answered = False
+        self._unusable = False
+
+    def take(self, line: str) -> None:
+        ident, _, text = line[len(ANSWER_MARK):].partition(" ")
+        with self._cond:
+            if ident == "end":
+                try:
+                    self.end = json.loads(text)
+                except ValueError:
+                    self.end = {"error": text[:300]}
+            elif ident in self._waiting:
+                self._waiting[ident] = text
+            self._cond.notify_all()
+
+    def ended(self) -> bool:
+        channel = self.channel
+        if channel is None:
+            return False
+        transport = channel.get_transport()
+        return channel.closed or channel.eof_received or transport is None \
+            or not transport.is_active()
+
+    def alive(self) -> bool:
+        return self.channel is not None and not self._unusable and not self.ended()
+
+    def ask(self, what: str, timeout: float) -> Any:
+        with self._cond:
+            self._count += 1
+            ident = str(self._count)
+            self._waiting[ident] = None
+        try:
+            self.channel.sendall(f"{what} {ident}\n".encode())
+            deadline = time.monotonic() + timeout
+            with self._cond:
+                while self._waiting[ident] is None:
+                    left = deadline - time.monotonic()
+                    if self.ended():
+                        raise LauncherError(f"the node watcher on {self.where} ended with "
+                                            "its node's command")
+                    if left <= 0:
+                        if not self._answered:   # it never answered: it did not start
+                            self._unusable = True
+                        raise LauncherError(f"the node watcher on {self.where} did not "
+                                            f"answer in {timeout:g} s")
+                    self._cond.wait(min(left, 0.5))
+                text = self._waiting[ident]
+                self._answered = True
+        except OSError as err:   # the session's channel closed under the send
+            raise LauncherError(f"the node watcher on {self.where}: {err}") from None
+        finally:
+            with self._cond:
+                self._waiting.pop(ident, None)
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            raise LauncherError(f"the node watcher on {self.where} answered something that "
+                                f"is not JSON: {text[:200]!r}") from None
+        if isinstance(answer, dict) and set(answer) == {"error"}:
+            raise LauncherError(f"the node watcher on {self.where}: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        """Nothing: the session is the agent's, and ends with it."""
