@@ -39,7 +39,8 @@ When stdin ends (the agent ended and sshd closed it, or launch closed it, or the
 dropped) it is the agent's guard: a live agent's process group gets SIGTERM, SIGKILL 3 s later;
 then every process of this start of the node still there (the run's stamp and
 LAUNCH_AGENT_SESSION=PGID in its environment: a job's child in a session of its own) is
-killed, and what was killed is the last line, `@@launch-watch end JSON`. One SSH session per
+killed, and what was killed is the last line, `@@launch-watch end JSON`, with the node's
+folder in it when it is small (folder_files: launch then fetches nothing). One SSH session per
 node does the agent, its looks, its signals and its reap: every session costs the node a login
 shell (a pyenv or conda init in ~/.bashrc: 0.17 s of CPU measured on the lab), and at 64 hosts
 launch's four sessions per node were most of its time over a plain fan-out.
@@ -55,9 +56,11 @@ Imports only the standard library (and heartbeat.py beside it, stdlib too).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
+import stat as stat_module
 import sys
 import time
 from pathlib import Path
@@ -76,6 +79,11 @@ STAMP_ENV = "LAUNCH_RUN_STAMP"
 SESSION_ENV = "LAUNCH_AGENT_SESSION"
 ANSWER_MARK = "@@launch-watch "
 GUARD_GRACE_S = 3.0
+# The node's folder comes back in the guard's last line when it is this small (launch then
+# opens no SFTP session to fetch it: a session costs the node a login shell); else launch
+# fetches it over SFTP. Small enough that 1,024 nodes' folders held at once are 256 MB at most.
+INLINE_BYTES = 1 << 18
+INLINE_FILES = 256
 STATE_NAMES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "T": "stopped",
                "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
 
@@ -325,16 +333,18 @@ class KnownProcesses:
     """The run's processes for a watcher's looks every 2 s: every process's environment
     read (run_processes) at most every `rescan_s`, and at once when one found before is
     gone (torchrun restarted its workers, the job ended a step of its pipeline); between,
-    only the processes found, re-read from their stat, a pid reused told by its start time.
-    A full look reads every process of the machine: a lab of 64 hosts shares one /proc of
-    ~600, and its 64 watchers' full looks were 0.17-0.23 s of CPU per node in a 30 s run,
-    the largest of launch's costs on a node (benchmarks/scale.py). A process the run starts
-    between two full looks is seen at the next: the hang watch's verdict waits minutes."""
+    only the processes found, re-read from their stat, a pid reused told by its start time
+    (and one that exec'd another program by its command line: its labels would be stale).
+    A full look reads every process of the machine (2.2-2.6 ms of CPU at ~105 processes;
+    a lab of 64 hosts shares one /proc of ~600, looked at by 64 watchers); one between reads
+    a file or two per process of the run. A process the run starts between two full looks
+    is seen at the next: the hang watch's verdict waits minutes."""
 
     def __init__(self, stamp: str, node: str | None, rescan_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic):
         self.stamp, self.node, self.rescan_s, self.clock = stamp, node, rescan_s, clock
         self._known: list[dict[str, Any]] = []
+        self._argv: dict[int, list[str]] = {}   # what each ran when found: an exec is news
         self._scanned: float | None = None
 
     def __call__(self) -> list[dict[str, Any]]:
@@ -343,13 +353,15 @@ class KnownProcesses:
             again = []
             for proc in self._known:
                 stat = _stat(proc["pid"])
-                if stat is None or stat[3] != proc["started"]:
-                    break   # one is gone: look at everything again
+                if stat is None or stat[3] != proc["started"] \
+                        or _cmdline(proc["pid"]) != self._argv.get(proc["pid"]):
+                    break   # one is gone, or exec'd another program: look at everything
                 again.append({**proc, "state": stat[0], "cpu_ticks": stat[2]})
             else:
                 self._known = again
                 return again
         self._known = run_processes(self.stamp, self.node)
+        self._argv = {proc["pid"]: _cmdline(proc["pid"]) for proc in self._known}
         self._scanned = now
         return self._known
 
@@ -430,6 +442,48 @@ def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
     return 0
 
 
+def folder_files(run_dir: str | Path, skip: tuple[str, ...] = ("code",)
+                 ) -> dict[str, str] | None:
+    """The node folder's regular files (all but `skip` at its top: the code launch shipped),
+    {relative path: base64 content}, when at most INLINE_FILES of at most INLINE_BYTES in all;
+    None when more (or unreadable: launch fetches the folder then). No link is followed; a
+    file that is not regular (a fifo a job left) is left out, as SFTP's fetch does."""
+    root = os.path.abspath(run_dir)
+    out: dict[str, str] = {}
+    total = 0
+    for folder, dirs, names in os.walk(root):
+        if folder == root:
+            dirs[:] = [d for d in dirs if d not in skip]
+            names = [n for n in names if n not in skip]
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue   # a link, or gone
+            try:
+                info = os.fstat(fd)
+                if not stat_module.S_ISREG(info.st_mode):
+                    continue
+                total += info.st_size
+                if total > INLINE_BYTES or len(out) >= INLINE_FILES:
+                    return None
+                data = b""
+                while len(data) <= info.st_size:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+            if len(data) != info.st_size:
+                return None   # still being written: SFTP then
+            out[os.path.relpath(path, root)] = base64.b64encode(data).decode()
+    return out
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -498,7 +552,7 @@ def guard(run_dir: str | Path, stamp: str, node: str | None, pgid: int) -> int:
     stopped = stop_agent(pgid)
     reaped = reap(stamp, node, str(pgid))
     try:
-        say("end", {**reaped, "stopped": stopped})
+        say("end", {**reaped, "stopped": stopped, "files": folder_files(run_dir)})
     except (BrokenPipeError, OSError):
         pass
     return 0

@@ -20,7 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from launcher.execute.backend import in_parallel
 from launcher.runs.logs import LineRouter
+
+# Starting the nodes' agents and signalling them go to every node at once, at most this many
+# at a time: each is a round trip to its node (over SSH a channel opened and a login shell
+# run, or the node's watcher's answer). One after another, the 64th host of the 64-host lab
+# started its job 22.6 s after the first (benchmarks/scale.py).
+AT_ONCE = 32
 
 
 class NodeProcess(Protocol):
@@ -286,16 +293,31 @@ class Supervisor:
         return None
 
     def start_nodes(self) -> None:
-        for p in self.procs:
+        """Every node's agent started at once, AT_ONCE at a time. A start that fails ends the
+        starting: the nodes not yet begun are never started, the started ones are stopped,
+        and the first failed node in node order is named."""
+        failed = threading.Event()
+
+        def one(p: NodeProcess) -> bool:
+            if failed.is_set():
+                return False
             try:
                 p.start()
-            except Exception as err:  # e.g. the SSH channel could not be opened
-                for never in self.procs[self.procs.index(p):]:
-                    self.exits[never.name] = NodeExit(never.name, exit_code=-1, started=False)
-                self.fail(p.name, f"node {p.name} could not be started: {err}",
-                          "stopping the nodes already started")
-                return
+            except Exception:  # e.g. the SSH channel could not be opened
+                failed.set()
+                raise
             self.node_readers[p.name] = self.start_reader(p)
+            return True
+
+        started = in_parallel(one, self.procs, max_workers=AT_ONCE)
+        first = next((p for p in self.procs if isinstance(started[p], Exception)), None)
+        if first is None:
+            return
+        for p in self.procs:
+            if started[p] is not True:
+                self.exits[p.name] = NodeExit(p.name, exit_code=-1, started=False)
+        self.fail(first.name, f"node {first.name} could not be started: {started[first]}",
+                  "stopping the nodes already started")
 
     def start_reader(self, p: NodeProcess) -> threading.Thread:
         t = threading.Thread(target=self.read, args=(p,), name=f"read-{p.name}", daemon=True)
@@ -403,9 +425,8 @@ class Supervisor:
             return
         if time.monotonic() - self.stop_at > self.grace_s or self.request.count > 1:
             self.killed = True
-            for p in self.procs:
-                if self.exits[p.name].exit_code is None:
-                    p.signal(signal.SIGKILL)
+            signal_all([p for p in self.procs if self.exits[p.name].exit_code is None],
+                       signal.SIGKILL)
 
     # ---- stopping and blaming ----------------------------------------------------------
     def begin_stop(self, why: str) -> None:
@@ -413,12 +434,12 @@ class Supervisor:
             return
         self.stop_at = time.monotonic()
         self.notify(why)
-        for p in self.procs:
-            if self.exits[p.name].exit_code is None:
-                self.exits[p.name].stopped_by_launch = True
-                # Its agent's report of the SIGTERM (a traceback) is no news: log only.
-                self.router.mute(p.name)
-                p.signal(signal.SIGTERM)
+        running = [p for p in self.procs if self.exits[p.name].exit_code is None]
+        for p in running:
+            self.exits[p.name].stopped_by_launch = True
+            # Its agent's report of the SIGTERM (a traceback) is no news: log only.
+            self.router.mute(p.name)
+        signal_all(running, signal.SIGTERM)
 
     def blame(self) -> str:
         """The failed node where the failure began: a worker killed by a signal launch did
@@ -477,7 +498,7 @@ class Supervisor:
         running = [p for p in self.procs if p.poll() is None]
         for p in running:
             self.router.mute(p.name)
-            p.signal(signal.SIGTERM)
+        signal_all(running, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(self.poll_s)
@@ -514,6 +535,11 @@ class Supervisor:
                 return problem, name
         self.recovery.restarted()
         return None, None
+
+
+def signal_all(procs: list[NodeProcess], sig: int) -> None:
+    """`sig` to every node's agent at once, AT_ONCE at a time."""
+    in_parallel(lambda p: p.signal(sig), procs, max_workers=AT_ONCE)
 
 
 def _restart_of(recovery) -> str:

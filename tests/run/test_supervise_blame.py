@@ -40,7 +40,7 @@ def run(tmp_path, procs, settle_s):
         try:
             outcome = supervise(procs, router, settle_s=settle_s, grace_s=2.0)
             alive = []
-            for p in procs:
+            for p in [p for p in procs if p.proc is not None]:   # the started ones
                 try:
                     os.killpg(p.pgid, 0)
                     alive.append(p.name)
@@ -50,7 +50,8 @@ def run(tmp_path, procs, settle_s):
         finally:
             router.close()
             for p in procs:   # the background children, by their process group
-                p.signal(signal.SIGKILL)
+                if p.proc is not None:
+                    p.signal(signal.SIGKILL)
 
 
 def test_the_killed_node_is_blamed_though_its_last_line_comes_after_its_exit(tmp_path):
@@ -87,3 +88,19 @@ def test_a_worker_killed_earlier_and_restarted_is_not_the_run_s_end():
         "its worker local_rank 0 (pid 12) was killed by SIGKILL"
     # Killed, restarted, then the new worker raised: its plain exit ended the run.
     assert worker_death([killed, raised, "  exitcode  : 1 (pid: 13) "]) is None
+
+
+def test_a_node_that_cannot_be_started_is_named_and_the_started_ones_are_stopped(tmp_path):
+    """The nodes start at once (supervisor.AT_ONCE at a time): one whose agent cannot start
+    (here its folder is missing) is the run's failure, named, never counted as started, and
+    the nodes that did start are stopped, not left running."""
+    running = [node(tmp_path, f"host{i}", "sleep 600") for i in (0, 2)]
+    broken = node(tmp_path, "host1", "sleep 600")
+    broken.command = NodeCommand(**{**vars(broken.command), "cwd": str(tmp_path / "missing")})
+    procs = [running[0], broken, running[1]]
+    outcome, alive = run(tmp_path, procs, settle_s=1.0)
+    assert outcome.status == "failed" and outcome.first_failure == "host1"
+    assert outcome.reason.startswith("node host1 could not be started: ")
+    exits = {e.name: e for e in outcome.nodes}
+    assert exits["host1"].started is False
+    assert alive == []

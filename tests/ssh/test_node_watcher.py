@@ -4,6 +4,7 @@ nothing of it is left on the node once launch is done with the node."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from pathlib import Path
@@ -103,11 +104,15 @@ def test_the_watcher_in_the_agents_own_session_looks_signals_and_reaps_what_esca
         proc.start()
         lines = proc.lines()
         assert next(lines) == "started"
+        # Answered: the watcher has started. (`setsid` may not have exec'd its sleep yet at
+        # the first look.)
+        deadline = time.monotonic() + 20
+        while {p["cmd"] for p in proc.activity()["procs"]} != {"sleep 301", "sleep 302"}:
+            assert time.monotonic() < deadline, proc.activity()["procs"]
+            time.sleep(0.5)
         found = watchers(lab, node.name)
         assert len(found) == 1
         assert b"--guard" in Path(f"/proc/{found[0]}/cmdline").read_bytes().split(b"\0")
-        procs = {p["cmd"] for p in proc.activity()["procs"]}
-        assert procs == {"sleep 301", "sleep 302"}
         beat(run_dir, 7)
         assert [b["step"] for b in proc.heartbeats()] == [7]
         assert watchers(lab, node.name) == found   # no watcher of its own session opened
@@ -120,6 +125,11 @@ def test_the_watcher_in_the_agents_own_session_looks_signals_and_reaps_what_esca
         pid = int(escaped.read_text())
         # Killed by the guard at the agent's end, and said in the session's last line.
         assert proc.reap()["killed"] == [pid]
+        # The node's folder came with it (small): launch opens no SFTP session to fetch it.
+        files = proc.folder_files()
+        assert base64.b64decode(files["escaped.pid"]).decode().strip() == str(pid)
+        assert json.loads(base64.b64decode(files["heartbeat/local0.json"]))["step"] == 7
+        assert proc.folder_files() is None   # handed over once
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
         assert watchers(lab, node.name) == []

@@ -4,6 +4,7 @@ the node's files."""
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import queue
@@ -302,6 +303,15 @@ class SshNodeProcess:
             return session.end
         return self._watcher.ask("reap", timeout=30)
 
+    def folder_files(self) -> dict[str, str] | None:
+        """The node's folder as the guard in the agent's session sent it when the agent
+        ended ({path: base64}), when it was small; None: fetch it (fetch_tree). Handed over
+        once: launch holds no node's files longer than it must."""
+        session = self._session
+        end = session.end if session is not None else None
+        files = end.pop("files", None) if isinstance(end, dict) else None
+        return files if isinstance(files, dict) else None
+
     def close(self) -> None:
         """The node watcher, and connections this process opened again (the original belongs
         to the backend)."""
@@ -309,6 +319,28 @@ class SshNodeProcess:
         for conn in self._reconnected:
             conn.close()
         self._reconnected = []
+
+
+def write_files(files: dict[str, str], local_dir: Path, where: str) -> list[Path]:
+    """The node's folder as its guard sent it (SshNodeProcess.folder_files) written into
+    local_dir, nothing outside the run folder <runs>/<run id>/<node> (the rules fetch_tree
+    keeps: a path a node names is relative, with no empty, `.` or `..` part)."""
+    within = local_dir.parent.parent
+    written = []
+    for name, text in files.items():
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or name.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+                or not isinstance(text, str):
+            raise LauncherError(f"{where} sent its folder with a file named {name!r}: not a "
+                                "path inside it; its folder was not written")
+        try:
+            data = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise LauncherError(f"{where} sent {name} in its folder in a form that is not "
+                                "base64; it was not written") from None
+        safefile.write_bytes(local_dir.joinpath(*parts), data, within=within)
+        written.append(local_dir.joinpath(*parts))
+    return written
 
 
 def fetch_tree(conn: Connection, remote_dir: str, local_dir: Path,

@@ -427,7 +427,7 @@ class SshSession:
     def collect(self, plan: RunPlan, folder, skip: set[str] = frozenset()) -> None:
         """Whatever of the run still lives on a node (a job's child in a session of its own:
         found by the run's stamp, never by name) reaped, and the node's folder fetched."""
-        from launcher.backends.ssh.agent import fetch_tree
+        from launcher.backends.ssh.agent import fetch_tree, write_files
 
         commands = {c.name: c for c in plan.nodes}
 
@@ -439,6 +439,10 @@ class SshSession:
                 proc.reap()
             except Exception as err:  # noqa: BLE001 (the fetch still goes on)
                 print(f"launch: warning: node {name}: could not look for leftovers: {err}")
+            # Sent with its agent's end when small: no SFTP session (a login shell) for it.
+            files = proc.folder_files()
+            if files is not None:
+                return write_files(files, folder.node_dir(name), f"node {name}")
             return fetch_tree(proc.connection(), commands[name].run_dir, folder.node_dir(name))
 
         # `skip`: nodes whose machine is gone, and its files with it.
