@@ -110,10 +110,12 @@ def follow_handed_over(backend, handle: dict[str, Any], display=None,
 
 
 def report_again(home, timeline: Timeline, amend) -> None:
-    """The run's report (report.md/json/html) written again from its amended summary.json:
+    """The run's report (report.md/json/html) drawn again from its amended summary.json:
     the controller wrote it with its own timeline, which misses what only this machine saw
-    (sbatch, the queue, following the job). The report's own time is then this process's
-    "report" phase, added to summary.json's timeline and report.json's, as an attached run
+    (sbatch, the queue, following the job). Only the parts drawn from the timeline are
+    drawn again (launcher/report/retime.py): the controller's other plots and tables stay,
+    and no node log is read again. The report's own time is then this process's "report"
+    phase, added to summary.json's timeline and report.json's, as an attached run
     does (launcher/execute/attempt.py): report.md and the page show the timeline as it stood
     when they were written, short of that last phase. Only where the run folder is here
     (a shared filesystem); a report that cannot be written leaves the controller's."""
@@ -122,9 +124,9 @@ def report_again(home, timeline: Timeline, amend) -> None:
         return
     timeline.begin("report")
     try:  # the import too: a report bug must never hide the run's outcome
-        from launcher.report.build import write_run_report
+        from launcher.report.retime import rewrite_timeline
 
-        report = write_run_report(folder)
+        report = rewrite_timeline(folder)
     except Exception as err:  # noqa: BLE001
         say(f"warning: the run's report was not written again with this machine's timeline "
             f"({type(err).__name__}: {err}); it holds the controller's. `launch report "

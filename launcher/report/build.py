@@ -344,18 +344,24 @@ def run_folder(path: str | Path) -> Path:
     return path.absolute().parent.resolve() / path.absolute().name
 
 
-def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
-                 facts_from: list[Path] | None = None) -> dict[str, Any]:
-    """The report as a JSON-able dict. `bench` names a bandwidth.json to quote (default: the
-    folder's own, else the newest sibling bench on the same nodes)."""
-    run_dir = run_folder(run_dir)
+def plan_and_summary(run_dir: Path, warnings: list[str]) -> tuple[dict, dict | None]:
+    """plan.json (needed: ReportError without it) and summary.json (None when absent or
+    unreadable, a warning then), as the report reads them."""
     plan_path = run_dir / "plan.json"
     if safefile.lstat(plan_path, within=run_dir.parent) is None:
         raise ReportError(f"{run_dir}: no plan.json, so not a run folder launch wrote; pass "
                           "runs/<run_id>")
     plan = _record(PlanRecord, plan_path, run_dir.parent, None)
+    return plan, _record(SummaryRecord, run_dir / "summary.json", run_dir.parent, warnings)
+
+
+def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
+                 facts_from: list[Path] | None = None) -> dict[str, Any]:
+    """The report as a JSON-able dict. `bench` names a bandwidth.json to quote (default: the
+    folder's own, else the newest sibling bench on the same nodes)."""
+    run_dir = run_folder(run_dir)
     warnings: list[str] = []
-    summary = _record(SummaryRecord, run_dir / "summary.json", run_dir.parent, warnings)
+    plan, summary = plan_and_summary(run_dir, warnings)
     nodes = plan.get("nodes") or []
     names = [n["name"] for n in nodes]
     dirs = facts_dirs() if facts_from is None else facts_from
@@ -387,9 +393,10 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
                              for n in nodes],
                             [t for e in entries if e["nccl"] for t in e["nccl"]["transports"]],
                             backend)
+    facts = summary_facts(plan, summary)
     report = {
         "run_id": plan.get("run_id", run_dir.name),
-        "status": (summary or {}).get("status", "unknown"),
+        "status": facts.pop("status"),
         "workload": workload,
         "backend": backend,
         "nnodes": len(nodes),
@@ -401,18 +408,32 @@ def build_report(run_dir: str | Path, *, bench: str | Path | None = None,
         "warnings": warnings,
         "advice": _advice(entries, training, kind),
     }
-    failure = _failure(summary)
-    if failure is not None:   # only a run that did not succeed carries the key
-        report["failure"] = failure
-        report["advice"] = [_failure_advice(failure, report["run_id"]), *report["advice"]]
-    if workload == "job":   # only a run of the user's own job carries the key
-        report["job"] = _job(plan, summary)
-    recovery = _recovery(summary)
-    if recovery is not None:  # only runs that restarted, hung or resumed carry the key
-        report["recovery"] = recovery
+    if "failure" in facts:
+        report["advice"] = [_failure_advice(facts["failure"], report["run_id"]),
+                            *report["advice"]]
+    report.update(facts)
     if (summary or {}).get("timeline"):   # runs written before launch kept one lack the key
         report["timeline"] = summary["timeline"]
     return report
+
+
+SUMMARY_FACTS = ("status", "failure", "job", "recovery")
+
+
+def summary_facts(plan: dict, summary: dict | None) -> dict[str, Any]:
+    """What the report states from summary.json besides its timeline (SUMMARY_FACTS, each
+    only when the run has it): the one place they are derived, so that a report can be told
+    current against its summary (launcher/report/retime.py)."""
+    facts: dict[str, Any] = {"status": (summary or {}).get("status", "unknown")}
+    failure = _failure(summary)
+    if failure is not None:   # only a run that did not succeed carries the key
+        facts["failure"] = failure
+    if _workload(plan) == "job":   # only a run of the user's own job carries the key
+        facts["job"] = _job(plan, summary)
+    recovery = _recovery(summary)
+    if recovery is not None:  # only runs that restarted, hung or resumed carry the key
+        facts["recovery"] = recovery
+    return facts
 
 
 def _failure(summary: dict | None) -> dict | None:
@@ -630,6 +651,12 @@ def render_markdown(report: dict, *, color: bool = False) -> str:
     # control characters are shown escaped; the warnings' own colour is added above.
     return "\n".join(line if line.startswith(RED) else printable(line)
                      for line in lines) + "\n"
+
+
+def time_markdown(timeline: dict | None) -> str:
+    """report.md's Time section as render_markdown writes it (its lines, each ended; nothing
+    without a timeline)."""
+    return "".join(printable(line) + "\n" for line in _time_lines(timeline))
 
 
 def _time_lines(timeline: dict | None) -> list[str]:

@@ -270,22 +270,54 @@ def _linker(run_dir: Path):
     return link
 
 
+TIME = "Time"     # report.md's section of the run's timeline
+
+
+def timed(name: str, part: str) -> str:
+    """A part of the page drawn from the run's timeline, between the markers that let it be
+    drawn again alone (launcher/report/retime.py): HTML comments, which no part contains."""
+    return f"<!--launch:timeline {name}-->{part}<!--/launch:timeline {name}-->"
+
+
+def timeline_parts(run_dir: str | Path, report: dict, summary: dict, time_section: str,
+                   runs: list[plots.Attempt] | None = None) -> dict[str, str]:
+    """Every part of the page drawn from the run's timeline (summary.json's), by name: the bar
+    at the top, report.md's Time section (`time_section`, its text), and a user's job's step
+    curves, whose time axis counts from the run's start (a handed-over run's: the launch
+    process's, on the timeline's controller_at_s). The page is these and parts that do not
+    depend on the timeline: the only way to draw them, whole page or alone."""
+    run_dir = Path(run_dir)
+    parts = {"bar": timeline_bar(summary.get("timeline")),
+             "time": page.markdown(time_section, _linker(run_dir))}
+    if report["workload"] == "job":
+        runs = step_curves(run_dir, report) if runs is None else runs
+        parts["steps"] = "".join(p for p in _training_parts(report, summary, runs) if p)
+    return parts
+
+
+def page_summary(run_dir: Path) -> dict:
+    """summary.json as the page reads it ({} when there is none to read)."""
+    summary = _json(SummaryRecord, run_dir / "summary.json", run_dir.parent)
+    return summary if isinstance(summary, dict) else {}
+
+
 def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
     """The page of `report` (launcher.report.build.build_report) and its report.md text."""
     run_dir = Path(run_dir)
-    summary = _json(SummaryRecord, run_dir / "summary.json", run_dir.parent)
-    summary = summary if isinstance(summary, dict) else {}
+    summary = page_summary(run_dir)
     runs = step_curves(run_dir, report)
     _, sections = page.markdown_sections(markdown)
     link = _linker(run_dir)
+    drawn = timeline_parts(run_dir, report, summary, sections.get(TIME, ""), runs)
     body = [f"<h1>Run report: {page.esc(report['run_id'])}</h1>", _lead(report, summary),
-            timeline_bar(summary.get("timeline")),
-            page.figures_strip(_headline(report, summary))]
+            timed("bar", drawn["bar"]), page.figures_strip(_headline(report, summary))]
     steps_heading = "Job" if report["workload"] == "job" else "Training"  # as report.md's
+    steps = ([timed("steps", drawn["steps"])] if drawn.get("steps") else []) \
+        if "steps" in drawn else _training_parts(report, summary, runs)
     # (heading, report.md's section shown under it, what the page adds)
     layout = [
         ("Failure", "Failure", []),
-        (steps_heading, steps_heading, _training_parts(report, summary, runs)),
+        (steps_heading, steps_heading, steps),
         ("Where each rank's step went", None, _rank_parts(report, summary, runs)),
         ("Communication", None, _comm_parts(report, runs)),
         ("Bus bandwidth", "Bus bandwidth", _bandwidth_parts(run_dir, report)),
@@ -306,7 +338,9 @@ def render_report_html(run_dir: str | Path, report: dict, markdown: str) -> str:
         body += [p for p in parts if p]
     for section, text in sections.items():   # sections report.md gained since
         if section not in used:
-            body += [f"<h2>{page.esc(section)}</h2>", page.markdown(text, link)]
+            body += [f"<h2>{page.esc(section)}</h2>",
+                     timed("time", drawn["time"]) if section == TIME
+                     else page.markdown(text, link)]
     body.append("<p class=\"none\">Written by launch from this run folder (plan.json, "
                 "summary.json, the logged steps); report.md and report.json hold the same facts "
                 "as text.</p>")
