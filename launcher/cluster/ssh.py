@@ -450,6 +450,34 @@ class Started:
         finally:
             channel.close()
 
+    def hold(self, data: bytes, mark: bytes, *, timeout: float, limit: int = 4 << 20
+             ) -> tuple[int | None, str]:
+        """`data` given, its stdin left open: (None, its output) once a line of output
+        begins with `mark` (the command then waits for more on its stdin: the channel is
+        kept, `self.channel`), else, when it ended first, (its exit status, its output) as
+        `finish` says them."""
+        channel = self.channel
+        channel.settimeout(timeout)
+        try:
+            channel.sendall(data)
+        except OSError:
+            pass   # it ended without reading its input: its output and status say why
+        buffer = b""
+        while True:
+            chunk = channel.recv(1 << 16)
+            if not chunk:
+                channel.close()
+                return channel.recv_exit_status(), buffer.decode(errors="replace")
+            buffer += chunk
+            if len(buffer) > limit:
+                channel.close()
+                return -1, (f"{buffer[:limit].decode(errors='replace')}\n(output over "
+                            f"{limit >> 20} MB: cut, command ended)")
+            done, _, _ = buffer.rpartition(b"\n")
+            if done.startswith(mark) or b"\n" + mark in done:
+                channel.settimeout(None)
+                return None, buffer.decode(errors="replace")
+
     def close(self) -> None:
         """Never finished: its stdin ends with the channel."""
         self.channel.close()

@@ -265,6 +265,8 @@ class Lab:
             "StrictModes no",
             "Subsystem sftp internal-sftp",
             "PrintMotd no",
+            # "Starting session: ..." in sshd.log for every session (tests count them).
+            "LogLevel VERBOSE",
             # launch opens one session per node plus short ones for probes and signals.
             "MaxStartups 100:30:200",
             "MaxSessions 64",

@@ -70,7 +70,14 @@ def _run(lab, tmp_path, run_id: str, mode: str, *extra: str) -> subprocess.Compl
         cwd=tmp_path, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
+def sessions(lab) -> dict[str, int]:
+    """SSH sessions each lab host's sshd has started so far (its log, LogLevel VERBOSE)."""
+    return {host.name: (lab.dir / host.name / "sshd.log").read_text(errors="replace")
+            .count("Starting session:") for host in lab.hosts}
+
+
 def test_a_failing_host_of_sixteen_stops_them_all_and_is_blamed(lab16, tmp_path):
+    before = sessions(lab16)
     proc = _run(lab16, tmp_path, "sixteen-fail", "fail")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The headline names host11 and its own exception, not a host stopped because of it.
@@ -85,6 +92,13 @@ def test_a_failing_host_of_sixteen_stops_them_all_and_is_blamed(lab16, tmp_path)
         log = tmp_path / "runs" / "sixteen-fail" / f"host{n}" / "node.log"
         assert f"host rank {n} of {HOSTS} up" in log.read_text()
     assert only_sshd_left(lab16) == {}
+    # Each host's login shells (a session each; a conda or pyenv init in ~/.bashrc makes
+    # each costly): the workdir's ship, and preflight's probe that became the node's agent,
+    # whose session also carried the hang watch's looks, the stop's signal and the node's
+    # files. Not one per look, stop or fetch.
+    after = sessions(lab16)
+    assert {name: after[name] - before[name] for name in after} == \
+        {host.name: 2 for host in lab16.hosts}
 
 
 def test_a_silent_host_of_sixteen_is_found_hung_and_named(lab16, tmp_path):

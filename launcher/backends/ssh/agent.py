@@ -17,7 +17,7 @@ from typing import Any
 
 from fabric import Connection
 
-from launcher.backends.ssh.pump import Pumped, start_on
+from launcher.backends.ssh.pump import Pumped, pump, start_on
 from launcher.backends.ssh.watcher import ANSWER_MARK, NodeWatcher, SessionWatcher
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import connect, remote
@@ -92,7 +92,7 @@ class SshNodeProcess:
     ends; a connection that dropped is opened again."""
 
     def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
-                 stamp: str, label: str | None = None):
+                 stamp: str, label: str | None = None, held: Any = None):
         self.name = command.name
         self.command, self.node, self.conn, self.options = command, node, conn, options
         self.stamp, self.label = stamp, label
@@ -102,6 +102,9 @@ class SshNodeProcess:
         self.pgid_path = posixpath.join(command.run_dir or ".",
                                         f"launch-{label}.pgid" if label else PGID_FILE)
         self.started: Pumped | None = None   # this start's channel and its output
+        # Preflight's probe, waiting on the node to become the first start's agent
+        # (launcher/backends/ssh/preflight.py): no second session, no second login shell.
+        self._held = held
         self.exit_code: int | None = None
         self._reconnected: list[Connection] = []
         # The hang watch's looks at the node (launcher/backends/ssh/watcher.py): the watcher in
@@ -143,6 +146,13 @@ class SshNodeProcess:
         session = self._session
         if session is not None and session.alive():
             return session
+        if session is not None and session.finished():
+            # The agent ended (its exit is on its way): nothing of it to look at, and a
+            # watcher of its own would cost the node a session (a login shell) for nothing.
+            raise LauncherError(f"node {self.name}: its agent has ended")
+        return self._channel_watcher()
+
+    def _channel_watcher(self) -> NodeWatcher:
         return NodeWatcher(self.connection(),
                            self._probe_line("watch", self.command.run_dir, "--stamp",
                                             self.stamp, "--node", self.name),
@@ -160,6 +170,9 @@ class SshNodeProcess:
         """The command started on the node as START_SCRIPT starts it: its own session, its
         process group recorded, ended with the SSH session; `watched`: the node's watcher in
         that session."""
+        return remote(*self._start_argv(watched))
+
+    def _start_argv(self, watched: bool = False) -> list[str]:
         values = {**self.command.env, STAMP_ENV: self.stamp}
         if self.attempt_offset:
             values["LAUNCH_ATTEMPT"] = str(int(values.get("LAUNCH_ATTEMPT", "0"))
@@ -168,24 +181,40 @@ class SshNodeProcess:
         probe = self.command.probe
         watcher = [probe[0], probe[2], self.command.run_dir or ".", self.name, self.stamp] \
             if watched else ["", "", "", "", ""]
-        return remote("setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
-                      self.command.cwd or ".", self.pgid_path,
-                      posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
-                      values.get("LAUNCH_CHECKPOINT_DIR", ""), *watcher,
-                      "env", *env, *self.command.argv)
+        return ["setsid", "-w", "sh", "-c", START_SCRIPT, "launch-node",
+                self.command.cwd or ".", self.pgid_path,
+                posixpath.dirname(values.get("LAUNCH_PYTHON", "")),
+                values.get("LAUNCH_CHECKPOINT_DIR", ""), *watcher,
+                "env", *env, *self.command.argv]
 
     def start(self) -> None:
-        """The node's command on a channel of its own, its output read by this process's one
+        """The node's command on the session preflight's probe was left waiting on (the
+        first start), else on a channel of its own; its output read by this process's one
         pump thread (launcher/backends/ssh/pump.py), not two threads per node."""
         if self.started is not None:  # a restart: fresh output, fresh exit status
             self._new_output()
             self.exit_code = None
-        conn = self.connection()
-        conn.open()
         session = self._session
-        self.started = start_on(conn.client.get_transport(),
-                                self._start_line(watched=session is not None), self._out,
-                                self._err)
+        held, self._held = self._held, None
+        if held is not None and not held.closed and not held.eof_received:
+            # The held probe execs the start line: sent as its length, then its JSON.
+            line = json.dumps(self._start_argv(watched=session is not None)).encode()
+            try:
+                held.set_combine_stderr(False)
+                held.sendall(b"%d\n%s" % (len(line), line))
+            except OSError:
+                held.close()   # its connection broke: a session of its own, as a restart
+                held = None
+            if held is not None:
+                self.started = pump().add(held, self._out, self._err)
+        else:
+            held = None
+        if held is None:
+            conn = self.connection()
+            conn.open()
+            self.started = start_on(conn.client.get_transport(),
+                                    self._start_line(watched=session is not None), self._out,
+                                    self._err)
         if session is not None:
             session.channel = self.started.channel
 
@@ -301,6 +330,12 @@ class SshNodeProcess:
         session = self._session
         if session is not None and session.end is not None:
             return session.end
+        if session is not None and session.finished():   # its guard said nothing (killed)
+            watcher = self._channel_watcher()
+            try:
+                return watcher.ask("reap", timeout=30)
+            finally:
+                watcher.close()
         return self._watcher.ask("reap", timeout=30)
 
     def folder_files(self) -> dict[str, str] | None:

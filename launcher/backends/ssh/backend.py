@@ -227,10 +227,11 @@ class SshBackend:
             return self._adopted_session(nodes)
         shipment = self.shipment(request, uid)
         port = request.rdzv_port or request.recipe.rendezvous.port
+        held: dict = {}   # each node's probe, left waiting to start its agent
         conns, facts = preflight(nodes, request.recipe, self.options, port, shipment,
-                                 fanout=self.fanout)
+                                 fanout=self.fanout, held=held)
         return SshSession(self, nodes, conns, facts,
-                          {"sha256": shipment.sha256, "files": shipment.files})
+                          {"sha256": shipment.sha256, "files": shipment.files}, held)
 
     def _adopted_session(self, nodes: list[Node]) -> SshSession:
         from launcher.backends.ssh.preflight import NodeFacts, PreflightFailed, close_all
@@ -396,9 +397,12 @@ class SshSession:
     """One attempt over SSH: a connection per node, opened by preflight, kept to the end."""
 
     def __init__(self, backend: SshBackend, nodes: list[Node], conns: dict, facts: dict,
-                 code: dict):
+                 code: dict, held: dict | None = None):
         self.backend, self.nodes, self.conns, self.facts = backend, nodes, conns, facts
         self.code = code
+        # Preflight's probes left waiting on each node: the first start of its agent takes
+        # its session (launcher/backends/ssh/preflight.py); a later start opens its own.
+        self.held = held or {}
         self.by_node = {n.name: n for n in nodes}
         self.procs: dict[str, Any] = {}   # the node agents, by node (their connections)
 
@@ -416,7 +420,8 @@ class SshSession:
 
         node = self.by_node[command.name]
         proc = SshNodeProcess(command, node, self.conns[command.name], self.backend.options,
-                              stamp, label=label)
+                              stamp, label=label,
+                              held=self.held.pop(command.name, None) if label is None else None)
         if label is None:
             self.procs[command.name] = proc
         return proc
@@ -456,4 +461,6 @@ class SshSession:
     def close(self) -> None:
         from launcher.backends.ssh.preflight import close_all
 
+        for channel in self.held.values():   # probes never asked to start: they leave
+            channel.close()
         close_all(self.conns)

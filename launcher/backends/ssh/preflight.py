@@ -12,6 +12,13 @@ per file: 0.30 s of a 2-host launch's 1.0 s over a plain ssh fan-out,
 benchmarks/launch_overhead.py). The probe imports torch only when its cached facts no longer
 fit (measured on the 8-host lab: the probe's torch import was most of launch's overhead over a
 bare ssh fan-out), and never for a `command:` job (needs_torch), which it runs with -S.
+
+A run's probe is held (`held`): once it has answered it waits on its stdin, and the node's
+agent is later started by it (an exec of the start line launch sends), on the same SSH
+session. Every session costs the node a login shell (~/.bashrc: a pyenv or conda init is
+~0.2 s of CPU, measured on the lab), and a node's run then costs one session, as a plain ssh
+fan-out does: at 64 lab hosts launch's extra sessions were most of its time over one
+(benchmarks/scale.py).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from launcher.job.recipe import Recipe, check_recipe_for_hardware
 PROBE = node_function("torch_facts") + r"""
 import base64, hashlib, json, os, shutil, socket, subprocess, sys
 args = json.loads(sys.argv[1])
+login_env = dict(os.environ)   # a held probe's agent gets the login's, not what torch set
 addr, port, env_file = args["addr"], int(args["port"]), args["env_file"]
 code_dir, files = args.get("code_dir"), args.get("files") or []
 out = {"python": sys.executable, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
@@ -171,7 +179,8 @@ job = None
 if args.get("unpack"):
     try:
         job = json.loads(sys.stdin.readline() or "null")
-        for rel, content in json.load(sys.stdin).items():
+        # One line (launch's JSON has none inside): a held probe's stdin goes on after it.
+        for rel, content in json.loads(sys.stdin.readline() or "{}").items():
             path = os.path.join(args["unpack"], rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
@@ -222,7 +231,33 @@ if job:
                            "it in the node's environment, e.g. with setup:")
     if problem:
         out["job_error"] = problem
-print("LAUNCH-PROBE " + json.dumps(out))
+print("LAUNCH-PROBE " + json.dumps(out), flush=True)
+if args.get("hold"):
+    # Held: this session becomes the node agent's once launch sends its command line (a line
+    # with its length, then that JSON argv), read with os.read alone, so that nothing after
+    # it (the node watcher's first looks) is taken into this process's buffers and lost at
+    # exec. End of input (preflight failed elsewhere, launch went away): nothing to start.
+    def take(count):
+        data = b""
+        while len(data) < count:
+            chunk = os.read(0, count - len(data))
+            if not chunk:
+                sys.exit(0)
+            data += chunk
+        return data
+    size = b""
+    while not size.endswith(b"\n"):
+        size += take(1)
+    argv = json.loads(take(int(size)))
+    import signal
+    for name in ("SIGPIPE", "SIGXFSZ"):   # Python ignores them; exec keeps what is ignored
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, login_env)
+    except OSError as err:
+        print(f"launch: the node agent's start {argv[0]}: {err}", file=sys.stderr, flush=True)
+        sys.exit(127)
 """
 
 
@@ -261,8 +296,11 @@ class NodeProbe:
 
     def __init__(self, conn: Connection, node: Node, port: int,
                  code: tuple[str, list[str]] | None = None, unpack_to: str | None = None,
-                 controller_key: str | None = None, needs_torch: bool = True):
+                 controller_key: str | None = None, needs_torch: bool = True,
+                 hold: bool = False):
         args: dict = {"addr": node.private_address, "port": port, "env_file": node.env_file}
+        if hold:
+            args["hold"] = True
         if controller_key is not None:
             args["controller_key"] = controller_key
         # A job that is not torch's (a `command:`, on a node that is no controller): neither
@@ -275,7 +313,8 @@ class NodeProbe:
             args.update(code_dir=code[0], files=code[1])
         if unpack_to:
             args["unpack"] = unpack_to
-        self.node, self.unpacks = node, unpack_to is not None
+        self.node, self.unpacks, self.holds = node, unpack_to is not None, hold
+        self.held = None   # the channel a held probe waits on, once it has answered
         self.started = Started(conn, remote(node.python, *(["-S"] if bare else []), "-c",
                                             PROBE, json.dumps(args)))
 
@@ -284,8 +323,13 @@ class NodeProbe:
 
     def facts(self, payload: bytes = b"", job: dict | None = None) -> dict:
         node = self.node
-        data = json.dumps(job).encode() + b"\n" + payload if self.unpacks else b""
-        exited, output = self.started.finish(data, timeout=120)
+        data = json.dumps(job).encode() + b"\n" + payload + b"\n" if self.unpacks else b""
+        if self.holds:
+            exited, output = self.started.hold(data, b"LAUNCH-PROBE ", timeout=120)
+            if exited is None:
+                self.held = self.started.channel
+        else:
+            exited, output = self.started.finish(data, timeout=120)
         for line in output.splitlines():
             if line.startswith("LAUNCH-PROBE "):
                 try:
@@ -415,13 +459,14 @@ def job_check(job, workdir: str | None, recipe: Recipe) -> dict | None:
 
 
 def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port: int,
-              shipment: Shipment | None = None, fanout: int = DEFAULT_FANOUT
-              ) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
+              shipment: Shipment | None = None, fanout: int = DEFAULT_FANOUT,
+              held: dict | None = None) -> tuple[dict[str, Connection], dict[str, NodeFacts]]:
     """Open a connection to every node, upload the shipment, check the node and what arrived.
     Raises PreflightFailed with every problem of every node (and removes what was uploaded);
     on success the connections stay open for the run. At most `fanout` nodes are being
     connected to and checked at a time (a pool of that many threads: --fanout): a node's whole
-    preflight, connect to facts, is one task of the window."""
+    preflight, connect to facts, is one task of the window. `held`: each node's probe kept
+    waiting to start the node's agent (the module's docstring), its channel put there."""
     from launcher.backends.ssh.agent import remove_tree
     from launcher.execute.backend import in_parallel
 
@@ -444,7 +489,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
                                                shipment.files_for(node)), unpack_to=where,
                             controller_key=shipment.controller_key
                             if node.name == shipment.controller else None,
-                            needs_torch=needs_torch(shipment.job))
+                            needs_torch=needs_torch(shipment.job), hold=held is not None)
         try:
             workdir = ship_workdir(conn, node, name)
         except BaseException:
@@ -452,6 +497,8 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
             raise
         raw[name] = started.facts(shipment.payload_for(node),
                                   job_check(shipment.job, workdir, recipe))
+        if started.held is not None:
+            held[name] = started.held
 
     def ship_workdir(conn: Connection, node: Node, name: str) -> str | None:
         """The copy of the job's workdir the node uses, shipped (while the probe runs)."""

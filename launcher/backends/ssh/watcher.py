@@ -118,6 +118,15 @@ class SessionWatcher:
     def alive(self) -> bool:
         return self.channel is not None and not self._unusable and not self.ended()
 
+    def finished(self) -> bool:
+        """The agent's session is over while its connection lives: the agent ended."""
+        channel = self.channel
+        if channel is None:
+            return False
+        transport = channel.get_transport()
+        return (channel.closed or channel.eof_received) and transport is not None \
+            and transport.is_active()
+
     def ask(self, what: str, timeout: float) -> Any:
         with self._cond:
             self._count += 1
