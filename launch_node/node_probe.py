@@ -64,7 +64,6 @@ import stat as stat_module
 import sys
 import time
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -245,9 +244,8 @@ def describe_rank(beat: dict[str, Any], run_dir: Path, stamp: str, timeout: floa
     return out
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, CPU ticks: user + system, start time in ticks since boot) from
-    /proc/<pid>/stat."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, CPU ticks: user + system) from /proc/<pid>/stat."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -255,7 +253,7 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
     # The command name sits in parentheses and may hold spaces: the fields follow the last ')'.
     fields = text.rsplit(")", 1)[1].split()
     try:
-        return fields[0], int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+        return fields[0], int(fields[1]), int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
         return None
 
@@ -310,7 +308,6 @@ def run_processes(stamp: str, node: str | None = None, session: str | None = Non
         argv = _cmdline(pid)
         out.append({
             "pid": pid, "ppid": stat[1], "state": stat[0], "cpu_ticks": stat[2],
-            "started": stat[3],
             "rank": _as_int(env.get("RANK")), "local_rank": _as_int(env.get("LOCAL_RANK")),
             # torchrun's agent (launch's, or one the user's command started): it waits for
             # its workers and is not one of the job's ranks.
@@ -322,48 +319,9 @@ def run_processes(stamp: str, node: str | None = None, session: str | None = Non
     return out
 
 
-def activity(run_dir: str | Path, stamp: str, node: str | None = None,
-             procs: Callable[[], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    return {"beats": read_heartbeats(run_dir),
-            "procs": procs() if procs is not None else run_processes(stamp, node),
+def activity(run_dir: str | Path, stamp: str, node: str | None = None) -> dict[str, Any]:
+    return {"beats": read_heartbeats(run_dir), "procs": run_processes(stamp, node),
             "ticks_per_s": os.sysconf("SC_CLK_TCK")}
-
-
-class KnownProcesses:
-    """The run's processes for a watcher's looks every 2 s: every process's environment
-    read (run_processes) at most every `rescan_s`, and at once when one found before is
-    gone (torchrun restarted its workers, the job ended a step of its pipeline); between,
-    only the processes found, re-read from their stat, a pid reused told by its start time
-    (and one that exec'd another program by its command line: its labels would be stale).
-    A full look reads every process of the machine (2.2-2.6 ms of CPU at ~105 processes;
-    a lab of 64 hosts shares one /proc of ~600, looked at by 64 watchers); one between reads
-    a file or two per process of the run. A process the run starts between two full looks
-    is seen at the next: the hang watch's verdict waits minutes."""
-
-    def __init__(self, stamp: str, node: str | None, rescan_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.stamp, self.node, self.rescan_s, self.clock = stamp, node, rescan_s, clock
-        self._known: list[dict[str, Any]] = []
-        self._argv: dict[int, list[str]] = {}   # what each ran when found: an exec is news
-        self._scanned: float | None = None
-
-    def __call__(self) -> list[dict[str, Any]]:
-        now = self.clock()
-        if self._known and self._scanned is not None and now - self._scanned < self.rescan_s:
-            again = []
-            for proc in self._known:
-                stat = _stat(proc["pid"])
-                if stat is None or stat[3] != proc["started"] \
-                        or _cmdline(proc["pid"]) != self._argv.get(proc["pid"]):
-                    break   # one is gone, or exec'd another program: look at everything
-                again.append({**proc, "state": stat[0], "cpu_ticks": stat[2]})
-            else:
-                self._known = again
-                return again
-        self._known = run_processes(self.stamp, self.node)
-        self._argv = {proc["pid"]: _cmdline(proc["pid"]) for proc in self._known}
-        self._scanned = now
-        return self._known
 
 
 def rank_processes(run_dir: Path, stamp: str, node: str | None = None) -> list[dict[str, Any]]:
@@ -417,12 +375,11 @@ def reap(stamp: str, node: str | None = None, session: str | None = None) -> dic
     return kill([p["pid"] for p in run_processes(stamp, node, session)], stamp)
 
 
-def look(what: str, run_dir: str | Path, stamp: str, node: str | None,
-         procs: KnownProcesses | None = None) -> Any:
+def look(what: str, run_dir: str | Path, stamp: str, node: str | None) -> Any:
     if what == "heartbeats":
         return read_heartbeats(run_dir)
     if what == "activity":
-        return activity(run_dir, stamp, node, procs)
+        return activity(run_dir, stamp, node)
     if what == "reap":
         return reap(stamp, node)
     raise ValueError(f"node_probe.py watch: no such look {what[:100]!r} (heartbeats, "
@@ -430,10 +387,9 @@ def look(what: str, run_dir: str | Path, stamp: str, node: str | None,
 
 
 def watch(run_dir: str | Path, stamp: str, node: str | None = None) -> int:
-    procs = KnownProcesses(stamp, node)
     while line := sys.stdin.readline():
         try:
-            answer = look(line.strip(), run_dir, stamp, node, procs)
+            answer = look(line.strip(), run_dir, stamp, node)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2
@@ -526,7 +482,6 @@ def guard(run_dir: str | Path, stamp: str, node: str | None, pgid: int) -> int:
     except OSError:        # the guard, whose reap and last line come after
         pass
     out = sys.stdout
-    procs = KnownProcesses(stamp, node)
 
     def say(ident: str, answer: Any) -> None:
         out.write(f"{ANSWER_MARK}{ident} {json.dumps(answer)}\n")
@@ -543,7 +498,7 @@ def guard(run_dir: str | Path, stamp: str, node: str | None, pgid: int) -> int:
                     os.killpg(pgid, getattr(signal, "SIG" + parts[1]))
                     answer: Any = {"sent": True}
                 else:
-                    answer = look(what, run_dir, stamp, node, procs)
+                    answer = look(what, run_dir, stamp, node)
             except (ValueError, AttributeError, OSError) as err:
                 answer = {"error": str(err)[:300]}
             say(ident, answer)

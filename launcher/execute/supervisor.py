@@ -293,9 +293,14 @@ class Supervisor:
         return None
 
     def start_nodes(self) -> None:
-        """Every node's agent started at once, AT_ONCE at a time. A start that fails ends the
-        starting: the nodes not yet begun are never started, the started ones are stopped,
-        and the first failed node in node order is named."""
+        """Every node's agent started: one whose start is a round trip to its node
+        (`starts_remotely`: SSH) at once with the others, AT_ONCE at a time; one that forks a
+        process here, in this thread, in node order: a child's parent-death signal
+        (PR_SET_PDEATHSIG, launcher/backends/local/agent.py) fires when the *thread* that
+        forked it ends, and a window's threads end with it (seen: every --local node killed
+        as it started). A start that fails ends the starting: the nodes not yet begun are
+        never started, the started ones are stopped, and the first failed node in node order
+        is named."""
         failed = threading.Event()
 
         def one(p: NodeProcess) -> bool:
@@ -309,7 +314,15 @@ class Supervisor:
             self.node_readers[p.name] = self.start_reader(p)
             return True
 
-        started = in_parallel(one, self.procs, max_workers=AT_ONCE)
+        remote = [p for p in self.procs if getattr(p, "starts_remotely", False)]
+        started: dict = {}
+        for p in self.procs:
+            if p not in remote:
+                try:
+                    started[p] = one(p)
+                except Exception as err:  # noqa: BLE001 (named below, as a remote one's)
+                    started[p] = err
+        started.update(in_parallel(one, remote, max_workers=AT_ONCE))
         first = next((p for p in self.procs if isinstance(started[p], Exception)), None)
         if first is None:
             return

@@ -88,7 +88,6 @@ class LocalNodeProcess:
         # Restarts of the run before this start of the node (launch restarted it): added to
         # the plan's LAUNCH_ATTEMPT.
         self.attempt_offset = 0
-        self._known = None   # the run's processes the hang watch's looks found
 
     def start(self) -> None:
         env = process_env(self.command, self.stamp)
@@ -137,11 +136,9 @@ class LocalNodeProcess:
         return read_heartbeats(self.command.run_dir)
 
     def activity(self) -> dict:
-        from launch_node.node_probe import KnownProcesses, activity
+        from launch_node.node_probe import activity
 
-        if self._known is None:   # every process's environment read every 10 s, not 2
-            self._known = KnownProcesses(self.stamp, self.name)
-        return activity(self.command.run_dir, self.stamp, self.name, self._known)
+        return activity(self.command.run_dir, self.stamp, self.name)
 
     def dump_ranks(self, timeout: float) -> dict:
         from launch_node.node_probe import dump

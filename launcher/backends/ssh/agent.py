@@ -1,6 +1,8 @@
-"""Node agents on remote hosts over SSH (fabric): start in its own session (the code is on the
-node already: preflight's probe wrote it), stream, signal by recorded process group, fetch
-the node's files."""
+"""Node agents on remote hosts over SSH (fabric): started in a session of their own (the code
+is on the node already: preflight's probe wrote it, and its session, held, becomes the first
+start's), with the node's watcher beside them in that session (looks, signals, the guard, the
+reap, the node's files when few), streamed by the one output pump; signalled by recorded
+process group; the node's files fetched."""
 
 from __future__ import annotations
 
@@ -90,6 +92,9 @@ class SshNodeProcess:
     """One node agent over SSH. `start()` may be called again after it ended (a restart): each
     start has its own output queue, so the previous start's reader drains its own lines and
     ends; a connection that dropped is opened again."""
+
+    # A start is a round trip to the node: the supervisor starts every node's at once.
+    starts_remotely = True
 
     def __init__(self, command: NodeCommand, node: Node, conn: Connection, options: SshOptions,
                  stamp: str, label: str | None = None, held: Any = None):
