@@ -61,21 +61,45 @@ def measure(run_dir: Path, repeats: int) -> dict:
                                                      "repeats": repeats}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+def arguments(doc: str, out: str):
+    """The command line report_page.py and report_retime.py share: run folders, repeats,
+    the JSON's path."""
+    p = argparse.ArgumentParser(description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="run folders (default: every run in "
                                           "tests/report/data/runs)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/report_page.json"))
-    args = p.parse_args()
-    folders = [Path(r) for r in args.runs] or sorted(d for d in RUNS.iterdir() if d.is_dir())
+    p.add_argument("--out", default=str(REPO / out))
+    return p.parse_args()
+
+
+def each_run(runs: list[str], measure, repeats: int) -> dict:
+    """measure(a copy of the run folder, repeats) for every run folder given (default: the
+    report tests' runs), each copied first: a report written there changes nothing kept."""
+    folders = [Path(r) for r in runs] or sorted(d for d in RUNS.iterdir() if d.is_dir())
     results = {}
-    with tempfile.TemporaryDirectory(prefix="report-page-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="report-bench-") as tmp:
         for folder in folders:
             copy = Path(tmp) / folder.name
             shutil.copytree(folder, copy)
-            results[folder.name] = measure(copy, args.repeats)
+            results[folder.name] = measure(copy, repeats)
+    return results
+
+
+def write(out: str, results: dict, repeats: int, lines: list[str]) -> None:
+    """The table printed, and kept beside the JSON (.txt)."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": results, "repeats": repeats,
+                                "python": sys.version.split()[0]}, indent=2) + "\n")
+    path.with_suffix(".txt").write_text(text)
+
+
+def main() -> int:
+    args = arguments(__doc__, "benchmarks/results/report_page.json")
+    results = each_run(args.runs, measure, args.repeats)
     lines = [f"{'run':<14} {'text (s)':>9} {'page (s)':>9} {'total (s)':>10} "
              f"{'page/text':>10} {'page KB':>8}"]
     for name, r in results.items():
@@ -83,13 +107,7 @@ def main() -> int:
                      f"{r['page'] / r['text']:>10.1f} {r['bytes'] / 1024:>8.0f}")
     lines.append(f"median of {args.repeats} fresh processes each; page includes importing "
                  "matplotlib, as at the end of `launch run`")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": results, "repeats": args.repeats,
-                               "python": sys.version.split()[0]}, indent=2) + "\n")
-    out.with_suffix(".txt").write_text(text)
+    write(args.out, results, args.repeats, lines)
     return 0
 
 

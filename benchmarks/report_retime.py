@@ -20,17 +20,14 @@ Prints a table, writes benchmarks/results/report_retime.json and report_retime.t
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RUNS = REPO / "tests/report/data/runs"
+from report_page import arguments, each_run, write  # beside this file
+
 REPORT = ("report.json", "report.md", "report.html", "summary.json")
 
 # The report as the controller writes it, then the summary as the follower amends it.
@@ -109,20 +106,8 @@ def measure(run_dir: Path, repeats: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="*", help="run folders (default: every run in "
-                                          "tests/report/data/runs)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/report_retime.json"))
-    args = p.parse_args()
-    folders = [Path(r) for r in args.runs] or sorted(d for d in RUNS.iterdir() if d.is_dir())
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="report-retime-") as tmp:
-        for folder in folders:
-            copy = Path(tmp) / folder.name
-            shutil.copytree(folder, copy)
-            results[folder.name] = measure(copy, args.repeats)
+    args = arguments(__doc__, "benchmarks/results/report_retime.json")
+    results = each_run(args.runs, measure, args.repeats)
     lines = [f"{'run':<14} {'whole (s)':>10} {'retime (s)':>11} {'of which import':>16} "
              f"{'whole/retime':>13}"]
     for name, r in results.items():
@@ -130,13 +115,7 @@ def main() -> int:
                      f"{r['retime']['import']:>16.3f} {r['ratio']:>13.1f}")
     lines.append(f"median of {args.repeats} fresh processes each, alternately; import and "
                  "write, as report_again pays them after `launch run`'s own imports")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": results, "repeats": args.repeats,
-                               "python": sys.version.split()[0]}, indent=2) + "\n")
-    out.with_suffix(".txt").write_text(text)
+    write(args.out, results, args.repeats, lines)
     return 0
 
 
