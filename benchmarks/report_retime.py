@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from report_page import arguments, each_run, write  # beside this file
+from report_page import REPO, arguments, each_run, write  # beside this file
 
 REPORT = ("report.json", "report.md", "report.html", "summary.json")
 
