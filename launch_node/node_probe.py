@@ -495,8 +495,11 @@ def guard(run_dir: str | Path, stamp: str, node: str | None, pgid: int) -> int:
             what, ident = parts[0], (parts[-1] if len(parts) > 1 else "-")
             try:
                 if what == "signal" and len(parts) == 3:
-                    os.killpg(pgid, getattr(signal, "SIG" + parts[1]))
-                    answer: Any = {"sent": True}
+                    try:
+                        os.killpg(pgid, getattr(signal, "SIG" + parts[1]))
+                        answer: Any = {"sent": True}
+                    except ProcessLookupError:   # the agent has ended: nothing to signal,
+                        answer = {"sent": False}  # and no reason to try another way
                 else:
                     answer = look(what, run_dir, stamp, node)
             except (ValueError, AttributeError, OSError) as err:
