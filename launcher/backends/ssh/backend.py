@@ -459,8 +459,7 @@ class SshSession:
             proc.close()
 
     def close(self) -> None:
-        from launcher.backends.ssh.preflight import close_all
+        from launcher.backends.ssh.preflight import close_all, release_held
 
-        for channel in self.held.values():   # probes never asked to start: they leave
-            channel.close()
+        release_held(self.held, self.backend.fanout)   # probes never asked to start
         close_all(self.conns)

@@ -535,6 +535,7 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         except LauncherError as err:
             problems.append(HostProblem("(all)", str(err)))
     if problems:
+        release_held(held or {}, fanout)   # "nothing was started" holds once launch returns
         if shipment is not None and shipment.remove_on_failure:
             in_parallel(lambda name: remove_tree(conns[name], shipment.remote_dir(by_name[name])),
                         list(conns), max_workers=fanout)
@@ -548,6 +549,26 @@ def preflight(nodes: list[Node], recipe: Recipe, options: SshOptions, rdzv_port:
         for name, f in raw.items()
     }
     return conns, facts
+
+
+def release_held(held: dict, fanout: int = 32, timeout: float = 5.0) -> None:
+    """Held probes never asked to start: their stdin ends and launch waits (`timeout` at most)
+    for each to exit. Closing the connection alone ends them too, but after launch has gone:
+    a caller that looks at the node as launch returns would find a probe still there."""
+    from launcher.execute.backend import in_parallel
+
+    def release(name: str) -> None:
+        channel = held.pop(name)
+        try:
+            channel.shutdown_write()
+            channel.status_event.wait(timeout)
+        except Exception:  # noqa: BLE001 (a broken connection ended the probe with it)
+            pass
+        finally:
+            channel.close()
+
+    if held:
+        in_parallel(release, list(held), max_workers=fanout)
 
 
 def close_all(conns: dict[str, Connection]) -> None:
