@@ -136,3 +136,69 @@ def test_the_watcher_in_the_agents_own_session_looks_signals_and_reaps_what_esca
     finally:
         proc.close()
         conn.close()
+
+
+def test_a_late_answer_keeps_the_sessions_watcher_and_its_end_is_said_at_once(lab, tmp_path):
+    """A loaded node answers a look late: the look fails, the next is asked of the same
+    watcher (no session of its own opened, the late answer never taken for the next look's).
+    A watcher that ended fails the next look at once, not after the look's timeout, and the
+    look after that has a watcher of its own."""
+    import signal
+    import time
+
+    node = load_inventory(lab.inventory)[0]
+    run_dir = tmp_path / "node"
+    run_dir.mkdir()
+    command = NodeCommand(name=node.name, address=node.address,
+                          private_address=node.private_address, is_head=True, gpus=0,
+                          argv=("sh", "-c", "echo started; exec sleep 303"),
+                          env={"LAUNCH_NODE": node.name}, run_dir=str(run_dir),
+                          cwd=str(run_dir), probe=(node.python, "-S", str(NODE_PROBE)))
+    conn = connect(node, SshOptions())
+    proc = SshNodeProcess(command, node, conn, SshOptions(), stamp="late-watcher-test")
+    try:
+        proc.start()
+        assert next(proc.lines()) == "started"
+        beat(run_dir, 5)
+        assert [b["step"] for b in proc.heartbeats()] == [5]
+        (watcher,) = watchers(lab, node.name)
+
+        import os
+        os.kill(watcher, signal.SIGSTOP)
+        try:
+            with pytest.raises(LauncherError, match="did not answer in 1 s"):
+                proc._watcher.ask("heartbeats", timeout=1)
+        finally:
+            os.kill(watcher, signal.SIGCONT)
+        beat(run_dir, 6)
+        assert [b["step"] for b in proc.heartbeats()] == [6]
+        assert watchers(lab, node.name) == [watcher]
+
+        # Killed while a look waits on it (stopped first: the look cannot be answered).
+        import threading
+
+        os.kill(watcher, signal.SIGSTOP)
+        failed: list[Exception] = []
+
+        def look():
+            try:
+                proc._session.ask("heartbeats", timeout=60)
+            except LauncherError as err:
+                failed.append(err)
+
+        asking = threading.Thread(target=look)
+        asking.start()
+        time.sleep(0.5)
+        os.kill(watcher, signal.SIGKILL)
+        asking.join(timeout=30)   # said, not waited out (60 s)
+        assert not asking.is_alive()
+        assert len(failed) == 1 and "ended (exit status 137)" in str(failed[0]), failed
+        assert [b["step"] for b in proc.heartbeats()] == [6]
+        (replacement,) = watchers(lab, node.name)
+        assert replacement != watcher
+        assert b"--guard" not in Path(f"/proc/{replacement}/cmdline").read_bytes().split(b"\0")
+        assert proc.poll() is None   # the job goes on without its session's watcher
+    finally:
+        proc.signal(signal.SIGKILL)
+        proc.close()
+        conn.close()

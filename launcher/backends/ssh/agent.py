@@ -65,6 +65,7 @@ exec 3<&0 4>&2
   trap '' TERM
   if [ -n "$5" ]; then
     "$5" -S "$6" watch "$7" --stamp "$9" --node "$8" --guard $$ >&4 2>&4 4>&-
+    echo "@@launch-watch gone $?" >&4
   fi
   exec 4>&-
   while read -r _; do :; done

@@ -14,7 +14,11 @@ SessionWatcher is the same watcher started inside the node agent's own session
 (launcher/backends/ssh/agent.py START_SCRIPT), so a node costs one SSH session for the run, not
 two: its answers come on that session's stderr, read by the output pump, and are matched to
 the look that asked by a number. NodeWatcher stays for what comes after the agent ended (a
-late look, a reap nobody did) and for a start without one.
+late look, a reap nobody did), for a start without one, and for a start whose watcher ended
+while its agent goes on: START_SCRIPT says that in a line of its own (`@@launch-watch gone
+STATUS`). Only that line gives the session's watcher up; a look answered late (a loaded node)
+fails alone, and the next is asked of the same watcher (giving it up at a late answer opened a
+session of its own on every slow node).
 """
 
 from __future__ import annotations
@@ -92,8 +96,7 @@ class SessionWatcher:
         self._cond = threading.Condition()
         self._waiting: dict[str, str | None] = {}
         self._count = 0
-        self._answered = False
-        self._unusable = False
+        self._gone: str | None = None   # the watcher's exit status, once it has ended
 
     def take(self, line: str) -> None:
         ident, _, text = line[len(ANSWER_MARK):].partition(" ")
@@ -103,6 +106,10 @@ class SessionWatcher:
                     self.end = json.loads(text)
                 except ValueError:
                     self.end = {"error": text[:300]}
+            elif ident == "gone":
+                # START_SCRIPT's line once the watcher's process ended: after its `end`, or
+                # in its place when it could not start. No look is answered from here on.
+                self._gone = text.strip() or "?"
             elif ident in self._waiting:
                 self._waiting[ident] = text
             self._cond.notify_all()
@@ -116,7 +123,7 @@ class SessionWatcher:
             or not transport.is_active()
 
     def alive(self) -> bool:
-        return self.channel is not None and not self._unusable and not self.ended()
+        return self.channel is not None and self._gone is None and not self.ended()
 
     def finished(self) -> bool:
         """The agent's session is over while its connection lives: the agent ended."""
@@ -141,14 +148,16 @@ class SessionWatcher:
                     if self.ended():
                         raise LauncherError(f"the node watcher on {self.where} ended with "
                                             "its node's command")
+                    if self._gone is not None:
+                        raise LauncherError(f"the node watcher on {self.where} ended (exit "
+                                            f"status {self._gone}); its node's command goes on")
                     if left <= 0:
-                        if not self._answered:   # it never answered: it did not start
-                            self._unusable = True
+                        # A late answer (a loaded node) is no reason to give the watcher
+                        # up: the next look asks it again. Only its end (`gone`) is.
                         raise LauncherError(f"the node watcher on {self.where} did not "
                                             f"answer in {timeout:g} s")
                     self._cond.wait(min(left, 0.5))
                 text = self._waiting[ident]
-                self._answered = True
         except OSError as err:   # the session's channel closed under the send
             raise LauncherError(f"the node watcher on {self.where}: {err}") from None
         finally:
