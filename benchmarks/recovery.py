@@ -29,7 +29,9 @@
                  resumed step (the benchmark's clock: the loss, and the first step line of the
                  resumed attempt), split into noticing and stopping (SSH keepalives and the
                  TCP_USER_TIMEOUT), replacing/checking/gating, and restarting (preflight, the
-                 restore from the mirror, rendezvous, loading); and the steps done again.
+                 restore from the mirror, rendezvous, loading); and the steps done again. Once
+                 without `--gate` and once with it (the gate then runs at the start and over
+                 the replacement: `--gate no yes`).
     mirror cost  the cost runs' async-10 again with `checkpoint.mirror` (the shared folder):
                  seconds each upload took (the watcher's own figure, in its process at nice
                  10, overlapping training), and what it cost training: the median step and
@@ -43,7 +45,7 @@ Needs root. Prints a table, writes benchmarks/results/recovery.json and recovery
 runs some of the cases; the others keep their last results (with their own notes).
 
     .venv/bin/python benchmarks/recovery.py [--kill-at 75] [--steps 150] [--cost-steps 120]
-        [--cases recovery cost machine-loss]
+        [--cases recovery cost machine-loss] [--gate no yes]
 """
 
 from __future__ import annotations
@@ -275,8 +277,8 @@ class LossDisplay(PlainDisplay):
 
 
 def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Path, port: int,
-                     logs: Path) -> dict:
-    run_id = f"lose-head-every-{interval}"
+                     logs: Path, gate: bool = False) -> dict:
+    run_id = f"lose-head-every-{interval}" + ("-gated" if gate else "")
     head = lab.hosts[0].name
     mirror_dir = lab.dir / "mirror"
     rec = recipe(run_id, steps, {"every_steps": interval, "keep": 2, "mirror": str(mirror_dir)},
@@ -303,7 +305,8 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
             summary = run_here(SshBackend(lab.inventory, SshOptions()),
                                RunRequest(rec, run_id, len(load_inventory(lab.inventory)),
                                           runs_dir=str(runs), rdzv_port=port,
-                                          recover=Recover(1, 900)), display=display)
+                                          recover=Recover(1, 900), gate=gate),
+                               display=display)
     except RunFailed as err:
         raise SystemExit(f"{run_id} failed:\n{err}") from None
     thread.join(timeout=1)
@@ -312,6 +315,7 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
     back = display.first_step_at - lost["at"]
     return {
         "checkpoint_every_steps": interval,
+        "gate": gate,   # `--gate`: the run gates at its start, and so after a replacement
         "lost": f"{head} (the head)",
         "lost_after_step": display.reached,
         "resumed_from_step": recovery["resumed_from_step"],
@@ -458,12 +462,13 @@ def cost_table(cost: list[dict]) -> list[str]:
 def loss_table(loss: list[dict], mirror: dict | None) -> list[str]:
     lines = ["machine loss: the head taken away after step K (its disk too), checkpoints "
              "mirrored to a shared folder, --recover: a fresh lab host replaces it",
-             f"{'every':>5} {'lost after':>10} {'resumed from':>12} {'steps lost':>10} "
-             f"{'loss->first step s':>18} {'notice+stop s':>13} {'replace+check+gate s':>20} "
-             f"{'restart s':>9}"]
+             f"{'every':>5} {'gate':>4} {'lost after':>10} {'resumed from':>12} "
+             f"{'steps lost':>10} {'loss->first step s':>18} {'notice+stop s':>13} "
+             f"{'replace+check+gate s':>20} {'restart s':>9}"]
     for r in loss:
-        middle = r["replace_s"] + r["setup_s"] + r["check_s"] + r["gate_s"]
-        lines.append(f"{r['checkpoint_every_steps']:>5} {r['lost_after_step']:>10} "
+        middle = r["replace_s"] + r["setup_s"] + r["check_s"] + (r["gate_s"] or 0.0)
+        lines.append(f"{r['checkpoint_every_steps']:>5} {'yes' if r.get('gate') else 'no':>4} "
+                     f"{r['lost_after_step']:>10} "
                      f"{r['resumed_from_step']:>12} {r['steps_lost']:>10} "
                      f"{r['loss_to_first_step_s']:>18.2f} {r['notice_and_stop_s']:>13.2f} "
                      f"{middle:>20.2f} {r['restart_s']:>9.2f}")
@@ -502,6 +507,9 @@ def main() -> int:
     p.add_argument("--intervals", type=int, nargs="+", default=[10, 50])
     p.add_argument("--cases", nargs="+", default=["recovery", "cost", "machine-loss"],
                    choices=["recovery", "cost", "machine-loss"])
+    p.add_argument("--gate", nargs="+", default=["no", "yes"], choices=["no", "yes"],
+                   help="machine loss: runs without and with `--gate` (which also gates the "
+                        "replacement)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/recovery.json"))
     args = p.parse_args()
 
@@ -544,13 +552,15 @@ def main() -> int:
                       "of a step per checkpoint", file=sys.stderr, flush=True)
             if "machine-loss" in args.cases:
                 loss = []
-                for interval in args.intervals:
+                for interval, gate in ((i, g == "yes") for i in args.intervals
+                                       for g in args.gate):
                     port += 1
                     # Each case loses the head anew: the lab's head is the replacement now.
                     row = machine_loss_row(lab, interval, args.steps, args.kill_at, runs,
-                                           port, logs)
+                                           port, logs, gate)
                     loss.append(row)
-                    print(f"  machine loss, every {interval}: {row['loss_to_first_step_s']}s "
+                    print(f"  machine loss, every {interval}, gate {'yes' if gate else 'no'}: "
+                          f"{row['loss_to_first_step_s']}s "
                           f"from the loss to the first resumed step, {row['steps_lost']} "
                           "step(s) lost", file=sys.stderr, flush=True)
                     lab = Lab.load(lab.dir)   # the replacement is the head now

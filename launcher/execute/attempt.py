@@ -231,7 +231,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
             timeline.begin(JOB)
             outcome = supervise(procs, router, grace_s=grace_s, notify=router.message,
                                 services=[*([store] if store else []), *services],
-                                recovery=recovery)
+                                store=store, recovery=recovery)
     finally:
         router.close()
         display.close()

@@ -199,11 +199,13 @@ class Recovering(Protocol):
 
 def supervise(procs: list[NodeProcess], router: LineRouter, *, grace_s: float = 5.0,
               poll_s: float = 0.1, notify=None, services: list[NodeProcess] = (),
-              settle_s: float = 1.0, recovery: Recovering | None = None) -> Outcome:
+              settle_s: float = 1.0, recovery: Recovering | None = None,
+              store: NodeProcess | None = None) -> Outcome:
     """Start every node, stream its lines, stop all when one fails. Returns when all are gone
-    (Supervisor says how)."""
+    (Supervisor says how). `store`: which of the services is the rendezvous store."""
     return Supervisor(procs, router, grace_s=grace_s, poll_s=poll_s, notify=notify,
-                      services=services, settle_s=settle_s, recovery=recovery).run()
+                      services=services, settle_s=settle_s, recovery=recovery,
+                      store=store).run()
 
 
 class Supervisor:
@@ -223,8 +225,9 @@ class Supervisor:
 
     def __init__(self, procs: list[NodeProcess], router: LineRouter, *, grace_s: float,
                  poll_s: float, notify, services: list[NodeProcess], settle_s: float,
-                 recovery: Recovering | None):
+                 recovery: Recovering | None, store: NodeProcess | None = None):
         self.procs, self.router, self.services = procs, router, list(services)
+        self.store = store
         self.grace_s, self.poll_s, self.settle_s = grace_s, poll_s, settle_s
         self.notify = notify or (lambda text: None)
         self.recovery = recovery
@@ -433,10 +436,22 @@ class Supervisor:
                             f"{self.grace_s:g} s{again})")
 
     def escalate(self) -> None:
-        """SIGKILL once the grace period is over, or at once at a second Ctrl-C."""
+        """SIGKILL once the grace period is over, at once at a second Ctrl-C, and at once when
+        the rendezvous store has ended: a torchrun agent's calls to the store then wait on a
+        socket (a lost head's: until TCP gives up), and its SIGTERM handler, Python's, runs
+        only when the call returns; measured on the lab's lost head, every other node took
+        the whole grace period. Its workers, in sessions of their own, could not have heard
+        SIGTERM from it either; what is left of them goes with the node's start (the SSH
+        node's guard, the local agent's reap)."""
         if self.stop_at is None or self.killed:
             return
-        if time.monotonic() - self.stop_at > self.grace_s or self.request.count > 1:
+        store_gone = self.store is not None and self.store.poll() is not None
+        if time.monotonic() - self.stop_at > self.grace_s or self.request.count > 1 or \
+                store_gone:
+            if store_gone and time.monotonic() - self.stop_at <= self.grace_s:
+                self.notify(f"the rendezvous store on {self.store.name} has ended: the nodes' "
+                            "torchrun cannot act on SIGTERM while their calls to it wait; "
+                            "SIGKILL now")
             self.killed = True
             signal_all([p for p in self.procs if self.exits[p.name].exit_code is None],
                        signal.SIGKILL)

@@ -49,8 +49,14 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     assert (recovery["node"], recovery["replacement"]) == ("host0", "host2")
     assert recovery["why"] == "lab host host0: its network namespace is gone"
     assert recovery["resumed_from_step"] == saved
-    for step in ("replace_s", "setup_s", "checked_s", "gate_s", "recovered_in_s"):
+    for step in ("replace_s", "setup_s", "checked_s", "recovered_in_s"):
         assert recovery[step] >= 0
+    # The run did not gate at its start (no --gate), so neither does its replacement.
+    assert recovery["gate_s"] is None
+    assert "no gate: the run does not gate (--gate)" in out and "launch: gate:" not in out
+    # The lost head took the rendezvous store with it: the other node's torchrun, whose calls
+    # to it wait, is killed at once rather than after the grace period.
+    assert "the rendezvous store on host0 has ended" in out
     first = json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())
     assert first["lost"] == {"host0": recovery["why"]}
     assert "node host0 was lost" in first["failure"]["reason"]
