@@ -439,14 +439,7 @@ class Started:
                 channel.shutdown_write()
             except OSError:
                 pass   # it ended without reading its input: its output and status say why
-            chunks, size = [], 0
-            while chunk := channel.recv(1 << 16):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    text = b"".join(chunks)[:limit].decode(errors="replace")
-                    return -1, f"{text}\n(output over {limit >> 20} MB: cut, command ended)"
-            return channel.recv_exit_status(), b"".join(chunks).decode(errors="replace")
+            return self._read(limit)
         finally:
             channel.close()
 
@@ -462,21 +455,29 @@ class Started:
             channel.sendall(data)
         except OSError:
             pass   # it ended without reading its input: its output and status say why
-        buffer = b""
-        while True:
-            chunk = channel.recv(1 << 16)
-            if not chunk:
-                channel.close()
-                return channel.recv_exit_status(), buffer.decode(errors="replace")
+        status, text = self._read(limit, mark)
+        if status is None:
+            channel.settimeout(None)
+        else:
+            channel.close()
+        return status, text
+
+    def _read(self, limit: int, mark: bytes | None = None) -> tuple[int | None, str]:
+        """The output to its end: (exit status, output); -1 past `limit` bytes (the command
+        then ends with the channel); (None, output so far) once a whole line begins with
+        `mark`."""
+        channel, buffer = self.channel, b""
+        while chunk := channel.recv(1 << 16):
             buffer += chunk
             if len(buffer) > limit:
                 channel.close()
                 return -1, (f"{buffer[:limit].decode(errors='replace')}\n(output over "
                             f"{limit >> 20} MB: cut, command ended)")
-            done, _, _ = buffer.rpartition(b"\n")
-            if done.startswith(mark) or b"\n" + mark in done:
-                channel.settimeout(None)
-                return None, buffer.decode(errors="replace")
+            if mark is not None:
+                done = buffer.rpartition(b"\n")[0]
+                if done.startswith(mark) or b"\n" + mark in done:
+                    return None, buffer.decode(errors="replace")
+        return channel.recv_exit_status(), buffer.decode(errors="replace")
 
     def close(self) -> None:
         """Never finished: its stdin ends with the channel."""

@@ -114,25 +114,29 @@ class SessionWatcher:
                 self._waiting[ident] = text
             self._cond.notify_all()
 
-    def ended(self) -> bool:
+    def _state(self) -> tuple[bool, bool]:
+        """(the agent's session is over, its connection lives); the session is started."""
         channel = self.channel
-        if channel is None:
-            return False
         transport = channel.get_transport()
-        return channel.closed or channel.eof_received or transport is None \
-            or not transport.is_active()
+        return (channel.closed or channel.eof_received,
+                transport is not None and transport.is_active())
+
+    def ended(self) -> bool:
+        """The session is over, or its connection is."""
+        if self.channel is None:
+            return False
+        over, connected = self._state()
+        return over or not connected
 
     def alive(self) -> bool:
         return self.channel is not None and self._gone is None and not self.ended()
 
     def finished(self) -> bool:
         """The agent's session is over while its connection lives: the agent ended."""
-        channel = self.channel
-        if channel is None:
+        if self.channel is None:
             return False
-        transport = channel.get_transport()
-        return (channel.closed or channel.eof_received) and transport is not None \
-            and transport.is_active()
+        over, connected = self._state()
+        return over and connected
 
     def ask(self, what: str, timeout: float) -> Any:
         with self._cond:
