@@ -11,7 +11,7 @@ from launcher.report import page
 from launcher.report.compare import (Comparison, cells, data_wait_s, difference_cells,
                                      split_part, timeline_cells)
 from launcher.report.html import step_curves
-from launcher.report.plots import COMM, COMPUTE, DATA
+from launcher.report.plots import COMM, COMPUTE, DATA, legend
 
 
 def _bars(comparison: Comparison):
@@ -47,7 +47,7 @@ def _bars(comparison: Comparison):
         left = [a + b for a, b in zip(left, widths)]
     split_ax.set_yticks(ys, labels, fontsize=8)
     split_ax.set_xlabel("mean ms per step")
-    split_ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3,
+    legend(split_ax, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3,
                     frameon=False)
     for ax in (speed_ax, split_ax):
         ax.grid(True, axis="x", alpha=0.3)
@@ -78,7 +78,7 @@ def _curves(comparison: Comparison):
     for ax in (by_step, by_time):
         ax.set_ylabel("training loss")
         ax.grid(True, alpha=0.3)
-    by_step.legend(fontsize=8)
+    legend(by_step, fontsize=8)
     return fig
 
 

@@ -91,6 +91,14 @@ def _figure(size=WIDE, cols: int = 1):
     return fig, list(axes)
 
 
+def legend(ax, **options) -> None:
+    """The axes' legend, where something on them has a label: matplotlib warns on stderr
+    ("No artists with labels found") for an empty one, and a run's end printed that warning
+    to the user (a resumed run with no restart: its timeline has nothing to name)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
+
+
 def _with_tick(ax, value: float) -> None:
     """The x axis ending at `value`, which is one of its ticks (the run's step count shows)."""
     ax.set_xlim(0, value)
@@ -185,7 +193,7 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
                  label=f"held-out accuracy {accuracy:.4f}")
         acc.set_ylim(0, 1.02)
         acc.set_ylabel("held-out accuracy", color="tab:green")
-        acc.legend(loc="center right", fontsize=8)
+        legend(acc, loc="center right", fontsize=8)
         title += f"; held-out accuracy {accuracy:.4f} after the last"
     by_step.set_title(title, fontsize=10)
     if time_label == TRAINING_TIME:
@@ -195,7 +203,7 @@ def loss_plot(runs: list[Attempt], *, total_steps: int | None, accuracy: float |
     by_time.set_ylabel("training loss")
     by_time.set_xlim(left=0)
     if len(runs) > 1:
-        by_step.legend(fontsize=8, loc="upper right")
+        legend(by_step, fontsize=8, loc="upper right")
     return fig, None
 
 
@@ -222,7 +230,7 @@ def throughput_plot(runs: list[Attempt], *, key: str = "images_per_sec",
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
-    ax.legend(fontsize=8, loc="lower right")
+    legend(ax, fontsize=8, loc="lower right")
     return fig, None
 
 
@@ -271,7 +279,7 @@ def rank_split_plot(rank_times: list[dict[str, Any]], stragglers: list[dict[str,
     if left_out:
         title += f" ({len(ranks)} slowest of {len(ranks) + left_out} ranks drawn)"
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, None
 
 
@@ -308,7 +316,7 @@ def job_busy_plot(ranks: dict[str, dict[str, Any]], stragglers: list[dict[str, A
     if left_out:
         title += f" ({len(names)} slowest of {len(names) + left_out} ranks drawn)"
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, None
 
 
@@ -346,7 +354,7 @@ def rank_busy_plot(runs: list[Attempt], where: list[dict[str, Any]],
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)      # room for the legend above the lines
     ax.set_xlabel("step")
     ax.set_ylabel("busy ms per step\n(compute + data wait)")
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    legend(ax, fontsize=8, loc="upper left", ncol=2)
     return fig, None
 
 
@@ -379,8 +387,7 @@ def comm_share_plot(runs: list[Attempt], auto: dict[str, Any] | None, hook: str 
                          + (f" ({', '.join(timed)})" if timed else ""))
     elif auto:
         title += f"; auto undecided: {auto.get('reason')}"
-    if ax.get_legend_handles_labels()[1]:      # the attempts, auto's decision
-        ax.legend(fontsize=8, loc="upper right")
+    legend(ax, fontsize=8, loc="upper right")     # the attempts, auto's decision
     ax.set_title(title, fontsize=10)
     return fig, None
 
@@ -414,7 +421,7 @@ def bandwidth_plot(doc: dict[str, Any] | None, compared: dict[str, Any] | None, 
             ax.plot(*zip(*points), "^-", color="tab:green", markersize=4,
                     label=f"{compared['figure']}: what each node's network carried")
             ax.set_ylabel("GB/s")
-            ax.legend(fontsize=8, loc="upper left")
+            legend(ax, fontsize=8, loc="upper left")
     return fig, None
 
 
@@ -453,12 +460,14 @@ def timeline_plot(summary: dict[str, Any]):
                    label=f"hang found at {hang['detected_at_s']:.1f} s "
                          f"(no step for {hang['idle_s']:.0f} s)")
     if resumed:
+        # Above the bars, in the axes' own coordinates: placed in data coordinates above
+        # the top bar it fell outside the axes, and matplotlib drew nothing there.
         ax.annotate(f"attempt {summary.get('attempt')}: resumed from step {resumed} "
-                    "(launch run --resume)", (0, len(nodes) - 0.5), xytext=(2, 2),
-                    textcoords="offset points", fontsize=8)
+                    "(launch run --resume)", (0, 1), xycoords="axes fraction", xytext=(2, 2),
+                    textcoords="offset points", va="bottom", fontsize=8)
     ax.set_yticks(list(ys.values()), list(ys.keys()), fontsize=8)
     ax.set_xlim(0, duration * 1.08)
     ax.set_xlabel(f"seconds since the run started (it took {duration:.1f} s)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.35 if len(nodes) < 3 else
-                                                            -0.2), ncol=3)
+    legend(ax, fontsize=8, loc="upper left",
+           bbox_to_anchor=(0, -0.35 if len(nodes) < 3 else -0.2), ncol=3)
     return fig, None

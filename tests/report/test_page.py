@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
 from launcher.report.build import write_run_report
 from launcher.report.page import svg
-from launcher.report.plots import job_busy_plot, rank_split_plot
+from launcher.report.plots import job_busy_plot, rank_split_plot, timeline_plot
 from tests.nccl.runfolders import build_runs
 from tests.report.browser import Page, open_page, well_formed
 
@@ -221,6 +222,22 @@ def test_a_user_job_s_rank_plot_of_thousands_of_ranks_draws_the_slowest():
     slowest = [f"node{i // 8:04d}/{i % 8}" for i in range(8192 - 31, 8192)]
     assert drawn == {"node0000/3", *slowest} and sentence is None
     assert "(32 slowest of 8192 ranks drawn)" in text
+
+
+def test_a_resumed_run_without_restarts_draws_its_time_line_without_a_warning():
+    """A run resumed from step 60 (a machine recovery's second attempt) with no restart and no
+    hang: its time line has the attempt's note and nothing a legend could name. matplotlib's
+    "No artists with labels found to put in legend" went to stderr at the end of such a run
+    (benchmarks/recovery.py's machine-loss log); the plot now has no legend, and no warning."""
+    summary = {"resumed_from_step": 60, "attempt": 1, "duration_s": 12.5, "restarts": [],
+               "nodes": [{"name": "host2", "status": "succeeded", "exit_code": 0},
+                         {"name": "host1", "status": "succeeded", "exit_code": 0}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig, _ = timeline_plot(summary)
+        text = svg(fig, "plot-timeline")
+    assert "attempt 1: resumed from step 60 (launch run --resume)" in text
+    assert fig.axes[0].get_legend() is None
 
 
 def test_where_comm_hook_auto_decided_is_marked(runs, browser):
