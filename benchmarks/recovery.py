@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from datetime import datetime
 from pathlib import Path
 
@@ -247,6 +247,25 @@ def cost_row(lab: Lab, name: str, steps: int, checkpoint: dict | None, runs: Pat
     }
 
 
+class Clocked(io.TextIOBase):
+    """A log whose every line starts with the seconds since `zero` (time.monotonic()), so that
+    the machine-loss log shows where each second between the loss and the first resumed step
+    went: launch's messages, its `recover:` lines on stderr and the nodes' lines, in order."""
+
+    def __init__(self, stream, zero: float):
+        self.stream, self.zero, self.lock, self.at_start = stream, zero, threading.Lock(), True
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            for part in text.splitlines(keepends=True):
+                if self.at_start:
+                    self.stream.write(f"{time.monotonic() - self.zero:9.3f} ")
+                self.stream.write(part)
+                self.at_start = part.endswith("\n")
+            self.stream.flush()
+        return len(text)
+
+
 class LossDisplay(PlainDisplay):
     """Lines to a log file; the steps each attempt reached and when the resumed one began."""
 
@@ -283,7 +302,8 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
     mirror_dir = lab.dir / "mirror"
     rec = recipe(run_id, steps, {"every_steps": interval, "keep": 2, "mirror": str(mirror_dir)},
                  log_every=1)
-    display = LossDisplay(open(logs / f"{run_id}.log", "w"))  # noqa: SIM115
+    log = Clocked(open(logs / f"{run_id}.log", "w"), time.monotonic())  # noqa: SIM115
+    display = LossDisplay(log)
     lost: dict = {}
 
     def loser():
@@ -291,6 +311,7 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
         while time.monotonic() < deadline:
             if display.reached >= lose_at:
                 lost["at"], lost["wall"] = time.monotonic(), time.time()
+                log.write(f"--- {head} lost\n")
                 lab.lose(head)
                 # Its disk goes with it: the head's checkpoints are only in the mirror now.
                 for folder in (lab.dir / "node-runs").glob(f"{run_id}.*/{head}"):
@@ -301,7 +322,7 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
     thread = threading.Thread(target=loser, daemon=True)
     thread.start()
     try:
-        with redirect_stdout(io.StringIO()):
+        with redirect_stdout(io.StringIO()), redirect_stderr(log):
             summary = run_here(SshBackend(lab.inventory, SshOptions()),
                                RunRequest(rec, run_id, len(load_inventory(lab.inventory)),
                                           runs_dir=str(runs), rdzv_port=port,
@@ -511,12 +532,15 @@ def main() -> int:
                    help="machine loss: runs without and with `--gate` (which also gates the "
                         "replacement)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/recovery.json"))
+    p.add_argument("--logs", help="keep each run's log here (machine loss: every line with "
+                                  "its second); default: removed with the lab")
     args = p.parse_args()
 
     out = Path(args.out)
     data = load_previous(out)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
-        runs, logs = Path(tmp) / "runs", Path(tmp)
+        runs, logs = Path(tmp) / "runs", Path(args.logs or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
         lab = Lab.create(Path(tmp) / "lab", 2)
         note = ""
         try:

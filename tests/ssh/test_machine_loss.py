@@ -8,9 +8,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 
+from launcher.backends.ssh.backend import SshBackend
+from launcher.cluster.inventory import load_inventory
+from launcher.cluster.ssh import SshOptions
+from launcher.job.recipe import load_recipe
+from launcher.job.request import Recover, RunRequest
+from launcher.lab.hosts import LabFleet
+from launcher.pipeline.recover import RecoveryBook, check_and_gate, recover_one
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import newest_step, only_sshd_left
 from launch_node import checkpoint_files as files
@@ -70,3 +78,37 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     lab.destroy()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"lab{lab.lab_id}h" not in listed
+
+
+def test_the_replacement_in_a_run_that_gates_is_gated_with_the_other_nodes(lab, tmp_path,
+                                                                             capsys):
+    """A run started with `--gate` holds its replacement to the same rule: after `launch check`
+    on the new machine, the collective gate runs over the run's nodes, the new one among them,
+    before the run goes on; recoveries.json keeps how long it took. (The recovery between
+    the attempts, on the lab: host0 lost, host2 in its place, the gate a real torchrun on
+    host2 and host1.)"""
+    nodes = load_inventory(lab.inventory)
+    recipe = load_recipe(write_recipe(tmp_path))
+    request = RunRequest(recipe, "gated", 2, runs_dir=str(tmp_path / "runs"), rdzv_port=29655,
+                         recover=Recover(1, 600), gate=True)
+    book = RecoveryBook(tmp_path / "runs" / "gated")
+    fleet = LabFleet(lab.dir)
+    lab.lose("host0")
+    why = fleet.gone(nodes[0])
+    assert why == "lab host host0: its network namespace is gone"
+    detected = time.monotonic()
+    new = recover_one(fleet, nodes[0], why, request.recover, book, "gated", detected)
+    assert new.name == "host2"
+    check_and_gate(fleet, SshBackend(lab.inventory, SshOptions()), request, [new, nodes[1]],
+                   book, detected, request.recover)
+    err = capsys.readouterr().err
+    (entry,) = book.entries
+    assert (entry["node"], entry["replacement"]) == ("host0", "host2")
+    assert entry["checked_s"] > 0 and entry["gate_s"] > 0
+    assert entry["recovered_in_s"] >= entry["checked_s"] + entry["gate_s"]
+    # The gate's own lines, with both nodes, and the recovery's sentence naming its time.
+    assert "launch: gate:" in err and "host2" in err and "host1" in err
+    assert f"gate {entry['gate_s']}s)" in err and "the run does not gate" not in err
+    # The gate's SSH sessions are closed as it returns; sshd's own session process on a host
+    # leaves a moment later (0.2 s here), as the connection's end reaches it.
+    wait_for(lambda: only_sshd_left(lab) == {}, 10, "nothing but sshd on the hosts")
