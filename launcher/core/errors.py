@@ -23,6 +23,12 @@ class InventoryError(LauncherError):
         super().__init__(f"{where}: {why}")
 
 
+class NotStarted(LauncherError):
+    """The run's nodes could not all be reached or checked before anything started (a
+    backend's preflight): nothing was started, nothing made. `launch run --recover` asks
+    whether a node's machine is gone, and replaces it."""
+
+
 class RunFailed(LauncherError):
     """A run started but did not succeed; its logs are kept in the run folder."""
 

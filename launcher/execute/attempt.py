@@ -55,12 +55,15 @@ TRAINER_FACTS = ("steps", "images_per_sec", "final_loss", "eval_accuracy", "trai
 
 def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
                 node_lost: Callable[[str], str | None] | None = None,
+                machine_lost: Callable[[str, str], None] | None = None,
                 folder: RunFolder | None = None,
                 timeline: Timeline | None = None) -> dict[str, Any]:
     """One attempt of `request` on `nodes`: the summary, or RunFailed after writing it.
     `folder`: the run folder when the client made it already (a handed-over run's first
     attempt); else made here (a new one, or the next attempt of a resumed run). `node_lost`:
-    why a node's machine is gone (launcher/pipeline/recover.py), or None. `timeline`: the
+    why a node's machine is gone (launcher/pipeline/recover.py), or None; `machine_lost(name,
+    why)`: told once when the attempt fails for a lost machine, as it starts stopping the
+    others (the replacement may begin then). `timeline`: the
     run's phases so far (launcher/runs/timeline.py); else the attempt's own, from now."""
     timeline = timeline or Timeline()
     uid = folder.uid if folder is not None and folder.uid else \
@@ -92,7 +95,8 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
             plan, folder, procs, display=display, grace_s=request.grace_s, store=store,
             services=services, after=lambda: session.collect(plan, folder, lost(plan)),
             prepare=preparation(session, plan, backend.capabilities.one_machine, timeline),
-            verdict=notices.judge, node_lost=node_lost, backend=backend.name,
+            verdict=notices.judge, node_lost=node_lost, machine_lost=machine_lost,
+            backend=backend.name,
             backend_settings=backend.to_json(),
             all_lines=request.all_lines, timeline=timeline)
     finally:
@@ -178,6 +182,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
                  prepare: Callable[..., None] | None = None,
                  verdict: Callable[[Outcome], Outcome] | None = None,
                  node_lost: Callable[[str], str | None] | None = None,
+                 machine_lost: Callable[[str, str], None] | None = None,
                  backend: str | None = None, backend_settings: dict | None = None,
                  all_lines: bool = False,
                  timeline: Timeline | None = None) -> dict[str, Any]:
@@ -188,9 +193,10 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     to the summary once `after` has run (Slurm: the job id and its final state). `verdict`
     may say more of the outcome than the supervisor knew (a spot node's interruption notice:
     "preempted"); `node_lost(name)` says why a node's machine is gone (its agent is then not
-    restarted there). Above LAUNCH_SCREEN_ALL_NODES nodes the terminal shows the head's lines
-    and the errors only (launcher/runs/screen.py), unless `all_lines`. `timeline` is marked at
-    each phase's beginning (launcher/runs/timeline.py); summary.json carries it."""
+    restarted there), and `machine_lost(name, why)` hears it once when that fails the run.
+    Above LAUNCH_SCREEN_ALL_NODES nodes the terminal shows the head's lines and the errors
+    only (launcher/runs/screen.py), unless `all_lines`. `timeline` is marked at each phase's
+    beginning (launcher/runs/timeline.py); summary.json carries it."""
     display = display or make_display()
     timeline = timeline or Timeline()
     # The backend and how it is made again: `launch fetch RUN --workdir` reaches the nodes
@@ -202,7 +208,8 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     recovery = Recovery(plan.recovery.restarts, plan.recovery.hang_timeout_s,
                         plan.recovery.restart_deadline_s, folder.root,
                         user_job=plan.job.kind in ("script", "module", "command"),
-                        restart_together=not plan.job.uses_torchrun, node_lost=node_lost)
+                        restart_together=not plan.job.uses_torchrun, node_lost=node_lost,
+                        machine_lost=machine_lost)
     steps = StepLines(origin=timeline.start)
     if not plan.job.is_trainer:
         steps.record_to(folder.root, plan.nodes[0].name)

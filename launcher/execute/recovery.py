@@ -237,7 +237,7 @@ class Recovery:
 
     def __init__(self, restarts: int, hang_timeout_s: float | None, restart_deadline_s: float,
                  folder: Path, clock=time.monotonic, user_job: bool = False,
-                 restart_together: bool = False, node_lost=None):
+                 restart_together: bool = False, node_lost=None, machine_lost=None):
         self.book = RestartBook(restarts)
         self.hang_timeout_s = hang_timeout_s
         self.restart_deadline_s = restart_deadline_s
@@ -255,6 +255,9 @@ class Recovery:
         # node -> why its machine is gone, or None (launcher/backends/ssh/replace.py): an agent is
         # not restarted on a machine that is no more.
         self.node_lost = node_lost
+        # (node, why), once, when this attempt has lost a node's machine and so fails for it:
+        # its replacement can begin while the attempt winds down (launcher/pipeline/recover.py).
+        self.machine_lost = machine_lost
         self.lost: dict[str, str] = {}
         self.procs: list = []
         self._asked_fleet: dict[str, float] = {}
@@ -303,7 +306,7 @@ class Recovery:
         while its machine is there."""
         why = self.node_lost(node) if self.node_lost is not None else None
         if why:
-            self.lost[node] = why
+            self._lose(node, why)
             return False
         if not self.book.enabled or (self.watch is not None and self.watch.finished()):
             return False
@@ -347,7 +350,14 @@ class Recovery:
                     self.notify(f"node {proc.name}: no answer for {quiet:.0f} s and its "
                                 f"machine is gone ({why})")
                 self._forsaken.add(proc.name)
+                self._lose(proc.name, why)
                 proc.forsake()
+
+    def _lose(self, node: str, why: str) -> None:
+        if node not in self.lost:
+            self.lost[node] = why
+            if self.machine_lost is not None:
+                self.machine_lost(node, why)
 
     def trouble(self) -> tuple[str, str] | None:
         """(node, reason) when the run must stop: out of restarts, or a restart that did not

@@ -12,14 +12,17 @@ is gone (stopped, terminated, reclaimed). For each lost node, in order:
     gate      the collective gate over the run's nodes, the new one among them
 
 then the run goes on as a new attempt of the same run (`--resume`: its folder, its uid, its
-checkpoint mirror; a lost head's checkpoints come back from the mirror). Bounded by a number
-of recoveries (`--recover N`) and a time for each (`--recover-timeout`, checked between the
-steps above). Every step is said on stderr and kept in the run folder's recoveries.json,
-which the run's summary.json carries as `recoveries`; the fleet keeps its own record (the
-cluster's ledger: `launch status` shows recoveries and what they cost).
+checkpoint mirror; a lost head's checkpoints come back from the mirror). A node's replacement
+(replace, set up, check) begins the moment the attempt knows its machine is gone, in a thread
+of its own (Replacements), while the attempt stops the other nodes, fetches their files and
+writes its summary and report; the gate waits for the attempt's end (it needs every node).
+Bounded by a number of recoveries (`--recover N`) and a time for each (`--recover-timeout`,
+checked between the steps above). Every step is said on stderr and kept in the run folder's
+recoveries.json, which the run's summary.json carries as `recoveries`; the fleet keeps its own
+record (the cluster's ledger: `launch status` shows recoveries and what they cost).
 
 Within an attempt, a node agent whose machine is gone is not restarted there (run_attempt's
-`node_lost`): the attempt ends at once and the recovery begins. Any backend whose inventory
+`node_lost`): the attempt ends at once (`machine_lost`: the replacement begins). Any backend whose inventory
 names where its machines come from can do this; each says whether it can
 (`machine recovery` in its capabilities).
 """
@@ -28,13 +31,15 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
-from launcher.core.errors import LauncherError, RunFailed
+from launcher.core.errors import LauncherError, NotStarted, RunFailed
 from launcher.execute.attempt import run_attempt
 from launcher.job.request import Recover, RunRequest
 
@@ -100,12 +105,14 @@ class RecoveryBook:
             self.entries: list[dict[str, Any]] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.entries = []
+        self._lock = threading.Lock()   # replacements save from threads of their own
 
     def save(self) -> None:
-        if self.path.parent.is_dir():
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.entries, indent=2) + "\n")
-            tmp.replace(self.path)
+        with self._lock:
+            if self.path.parent.is_dir():
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self.entries, indent=2) + "\n")
+                tmp.replace(self.path)
 
     def into_summary(self) -> None:
         """The run's summary.json (the last attempt's) carries every recovery."""
@@ -127,6 +134,69 @@ def _resumed_from(run_dir: Path) -> int | None:
         return None
 
 
+class Replacements:
+    """The replacements of one attempt's lost machines, each begun in a thread of its own the
+    moment the attempt knows the machine is gone (`begin`, run_attempt's `machine_lost`),
+    rather than after the attempt has stopped its other nodes, fetched their files and
+    written its summary and report: on EC2 a new instance's launch and boot then overlap all
+    of that (at hundreds of nodes, the collection alone takes seconds). Only within the run's
+    budget of recoveries: a loss beyond it starts nothing."""
+
+    def __init__(self, fleet: Fleet, backend: Any, policy: Recover, book: RecoveryBook,
+                 run_id: str):
+        self.fleet, self.backend, self.policy, self.book, self.run_id = \
+            fleet, backend, policy, book, run_id
+        self.used = len(book.entries)      # recoveries of earlier attempts
+        self.begun: dict[str, tuple[str, float, Future]] = {}   # node -> why, when, its work
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(thread_name_prefix="launch-replace")
+
+    def begin(self, node: Node, why: str) -> None:
+        with self._lock:
+            if node.name in self.begun or \
+                    self.used + len(self.begun) >= self.policy.max_recoveries:
+                return
+            at = time.monotonic()
+            self.begun[node.name] = (why, at, self._pool.submit(
+                recover_one, self.fleet, node, why, self.policy, self.book, self.run_id, at,
+                self.backend))
+
+    def why(self, name: str) -> str | None:
+        """Why `name`'s machine is gone, where its replacement has begun (the fleet may no
+        longer know the lost node by its name: the lab's replacement takes it over)."""
+        begun = self.begun.get(name)
+        return begun[0] if begun else None
+
+    def first_at(self) -> float | None:
+        return min((at for _, at, _ in self.begun.values()), default=None)
+
+    def replacement(self, node: Node, why: str) -> Node:
+        """`node`'s replacement, replaced, set up and checked: the one begun during the
+        attempt (waited for), else begun now. Its failure is raised here."""
+        with self._lock:
+            begun = self.begun.get(node.name)
+        if begun is not None:
+            return begun[2].result()
+        return recover_one(self.fleet, node, why, self.policy, self.book, self.run_id,
+                           time.monotonic(), self.backend)
+
+    def unused(self) -> list[str]:
+        """The replacements begun and finished that the run will not use (it stops): named so
+        that nobody pays for them unknowingly."""
+        with self._lock:
+            futures = [f for _, _, f in self.begun.values()]
+        names = []
+        for future in futures:
+            try:
+                names.append(future.result().name)
+            except Exception:  # noqa: BLE001 (its failure is in recoveries.json)
+                pass
+        return names
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
 def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, display=None,
                    folder=None, timeline=None) -> dict:
     """run_attempt, again on replacements while machines are lost and recoveries left."""
@@ -139,40 +209,69 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
         say("warning: the recipe has no checkpoint.mirror: a lost head takes its checkpoints "
             "with it, and its replacement starts the run over")
     current, resume = list(nodes), request.resume
+    # Every recovery of the run, across its attempts (and earlier launches: --resume). Kept
+    # here, not read again per attempt: a replacement made before the run's folder exists (a
+    # machine already gone at the first preflight) is written once the folder is there.
+    book = RecoveryBook(run_dir)
     while True:
         by_name = {n.name: n for n in current}
+        replacements = Replacements(fleet, backend, policy, book, request.run_id)
+
+        def node_lost(name: str, by_name=by_name, replacements=replacements) -> str | None:
+            return replacements.why(name) or \
+                (fleet.gone(by_name[name]) if name in by_name else None)
+
+        def machine_lost(name: str, why: str, by_name=by_name,
+                         replacements=replacements) -> None:
+            if name in by_name:
+                replacements.begin(by_name[name], why)
+
         try:
             summary = run_attempt(backend, request.with_(resume=resume), current,
                                   display=display, folder=folder, timeline=timeline,
-                                  node_lost=lambda name: fleet.gone(by_name[name])
-                                  if name in by_name else None)
-        except RunFailed as failed:
-            folder = None   # the next attempt begins in the run's folder
-            book = RecoveryBook(run_dir)
-            lost = {n.name: why for n in current if (why := fleet.gone(n))}
+                                  node_lost=node_lost, machine_lost=machine_lost)
+        except (RunFailed, NotStarted) as failed:
+            # NotStarted: preflight could not reach or check a node, nothing was started
+            # (nothing made either, for a run's first attempt: it is not resumed then); a
+            # machine already gone when the run (or `--resume`) began is replaced as one lost
+            # during it.
+            started = isinstance(failed, RunFailed)
+            if started:
+                folder = None   # the next attempt begins in the run's folder
+            lost = {n.name: why for n in current if (why := node_lost(n.name))}
             if not lost:
+                book.save()
                 book.into_summary()
                 raise
-            if len(book.entries) + len(lost) > policy.max_recoveries:
+            if replacements.used + len(lost) > policy.max_recoveries:
+                unused = replacements.unused()
                 book.into_summary()
                 raise RecoveryFailed(
                     f"{failed}\nlaunch: recover: {', '.join(lost)} lost ({'; '.join(lost.values())}), "
-                    f"and the run has used {len(book.entries)} of its "
-                    f"{policy.max_recoveries} recoveries (--recover N)",
+                    f"and the run has used {replacements.used} of its "
+                    f"{policy.max_recoveries} recoveries (--recover N)"
+                    + (f"; {', '.join(unused)}, brought in before the others were found lost, "
+                       f"stay(s) in {fleet.what} unused (`launch status`, `launch teardown`)"
+                       if unused else ""),
                     exit_code=failed.exit_code) from None
-            detected = time.monotonic()
+            detected = replacements.first_at() or time.monotonic()
             if timeline is not None:
                 timeline.begin("machine recovery")
-            for name, why in lost.items():
-                node = next(n for n in current if n.name == name)
-                new = recover_one(fleet, node, why, policy, book, request.run_id, detected)
-                current = [new if n.name == name else n for n in current]
-            check_and_gate(fleet, backend, request, current, book, detected, policy)
+            try:
+                for name, why in lost.items():
+                    new = replacements.replacement(by_name[name], why)
+                    current = [new if n.name == name else n for n in current]
+            finally:
+                replacements.close()
+            gate_and_record(fleet, backend, request, current, book,
+                            book.entries[replacements.used:], detected, policy)
             book.save()
-            resume = True
-            say(f"resuming run {request.run_id} on {', '.join(n.name for n in current)}")
+            resume = resume or started
+            say(f"{'resuming' if resume else 'starting'} run {request.run_id} on "
+                f"{', '.join(n.name for n in current)}")
             continue
-        book = RecoveryBook(run_dir)
+        finally:
+            replacements.close()
         if book.entries:
             resumed = _resumed_from(run_dir)
             for entry in book.entries:
@@ -193,7 +292,11 @@ def _step(entry: dict[str, Any], name: str, started: float, policy: Recover,
 
 
 def recover_one(fleet: Fleet, node: Node, why: str, policy: Recover, book: RecoveryBook,
-                run_id: str, detected: float) -> Node:
+                run_id: str, detected: float, backend: Any) -> Node:
+    """`node`'s replacement: replaced, set up, and `launch check`ed (any FAIL refuses it),
+    each step's time in its recoveries.json entry."""
+    from launcher.check.probe import check_nodes
+
     entry: dict[str, Any] = {"run_id": run_id, "node": node.name, "why": why,
                              "lost_id": node.extra.get("instance_id"), "detected_at": _now(),
                              "fleet": fleet.what}
@@ -210,6 +313,8 @@ def recover_one(fleet: Fleet, node: Node, why: str, policy: Recover, book: Recov
         t0 = time.monotonic()
         fleet.set_up(new)
         _step(entry, "setup", t0, policy, detected)
+        t0 = time.monotonic()
+        (row,) = check_nodes(backend, [new], min_free_bytes=1 << 30)
     except (LauncherError, OSError) as err:
         entry["failed"] = str(err)
         book.save()
@@ -218,39 +323,34 @@ def recover_one(fleet: Fleet, node: Node, why: str, policy: Recover, book: Recov
             raise
         raise RecoveryFailed(f"node {node.name} was lost ({why}) and could not be replaced: "
                              f"{err}", exit_code=1) from None
+    if row.failed:
+        problems = "; ".join(f"{name}: {row.checks[name].evidence}" for name in row.failed)
+        entry["failed"] = f"launch check: {problems}"
+        book.save()
+        fleet.record(entry)
+        raise RecoveryFailed(f"the replacement {new.name} failed `launch check` ({problems}); "
+                             "the run stops here", exit_code=1)
+    _step(entry, "checked", t0, policy, detected)
     book.save()
     return new
 
 
-def check_and_gate(fleet: Fleet, backend: Any, request: RunRequest, nodes: list[Node],
-                   book: RecoveryBook, detected: float, policy: Recover) -> None:
-    """`launch check` on the new nodes, then, for a run that gates (`--gate`), the collective
-    gate over all of them; then the fleet records each recovery with what it cost (every node
-    waited: the cluster's price for the time from the loss to the restart).
+def gate_and_record(fleet: Fleet, backend: Any, request: RunRequest, nodes: list[Node],
+                    book: RecoveryBook, fresh: list[dict[str, Any]], detected: float,
+                    policy: Recover) -> None:
+    """For a run that gates (`--gate`), the collective gate over `nodes`, the checked
+    replacements (`fresh`: their recoveries.json entries) among them; then the fleet records
+    each recovery with what it cost (every node waited: the cluster's price for the time from
+    the loss to the restart).
 
     A replacement is held to the rules its run started under: the gate (a torchrun on every
     node: 7.8 s of the 38 s from a loss to the first resumed step on the lab, most of it
     torch's start) runs when the run asked for it at its start. A run without `--gate`
     started on nodes nobody gated; its replacement gets `launch check`, and the resumed run's
     per-node step times, as its other nodes did."""
-    from launcher.check.probe import check_nodes
     from launcher.pipeline.gate import gate_before_run
 
-    fresh = [e for e in book.entries if "checked_s" not in e and "failed" not in e]
     new_names = {e["replacement"] for e in fresh}
-    new_nodes = [n for n in nodes if n.name in new_names]
-    t0 = time.monotonic()
-    for row in check_nodes(backend, new_nodes, min_free_bytes=1 << 30):
-        if row.failed:
-            problems = "; ".join(f"{name}: {row.checks[name].evidence}" for name in row.failed)
-            for entry in fresh:
-                entry["failed"] = f"launch check: {problems}"
-                fleet.record(entry)
-            book.save()
-            raise RecoveryFailed(f"the replacement {row.node.name} failed `launch check` "
-                                 f"({problems}); the run stops here", exit_code=1)
-    for entry in fresh:
-        _step(entry, "checked", t0, policy, detected)
     t0 = time.monotonic()
     gated = request.gate and len(nodes) > 1
     if gated:

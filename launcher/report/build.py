@@ -447,13 +447,22 @@ def _failure(summary: dict | None) -> dict | None:
     return {"status": summary.get("status"), "node": node, "reason": failure.get("reason"),
             "excerpt": list(failure.get("last_lines") or []),
             "hints": list(failure.get("hints") or []),
-            "log": f"{node}/node.log" if node else None}
+            "log": f"{node}/node.log" if node else None,
+            # node -> why its machine is gone (the fleet said so): nothing in a log to fix.
+            "lost": dict(summary.get("lost") or {})}
 
 
 def _failure_advice(failure: dict, run_id: str) -> str:
     if failure["status"] == "interrupted":
         return (f"the run was stopped ({failure['reason']}): `launch run --resume {run_id}` "
                 "continues it from its last checkpoint")
+    lost = failure.get("lost") or {}
+    if lost:
+        gone = "; ".join(f"{node}: {why}" for node, why in lost.items())
+        return (f"the run {failure['status']}: a machine is gone ({gone}); `launch run "
+                f"--resume {run_id} --recover` replaces it and continues from the last "
+                "checkpoint (with checkpoint.mirror, a lost head's too); a run started with "
+                "--recover does this by itself")
     where = f" on node {failure['node']}" if failure["node"] else ""
     log = f" (its whole log: `{failure['log']}`)" if failure["log"] else ""
     return (f"the run {failure['status']}{where}: fix what the lines under Failure show{log}, "

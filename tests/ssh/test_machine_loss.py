@@ -18,12 +18,20 @@ from launcher.cluster.ssh import SshOptions
 from launcher.job.recipe import load_recipe
 from launcher.job.request import Recover, RunRequest
 from launcher.lab.hosts import LabFleet
-from launcher.pipeline.recover import RecoveryBook, check_and_gate, recover_one
+from launcher.pipeline.recover import RecoveryBook, gate_and_record, recover_one
+from tests.labs import _ssh_lab
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import newest_step, only_sshd_left
 from launch_node import checkpoint_files as files
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab]
+
+
+@pytest.fixture
+def lab(tmp_path_factory):
+    """A lab of two hosts for each test: each loses a host for good (and the first removes the
+    lab to see its replacement go with it)."""
+    yield from _ssh_lab(tmp_path_factory, hosts=2)
 
 
 def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, tmp_path):
@@ -65,6 +73,12 @@ def test_a_lost_head_is_replaced_and_the_run_ends_as_an_uninterrupted_one(lab, t
     # The lost head took the rendezvous store with it: the other node's torchrun, whose calls
     # to it wait, is killed at once rather than after the grace period.
     assert "the rendezvous store on host0 has ended" in out
+    # The replacement began as the loss was known, not once the first attempt had stopped
+    # host1, fetched its files and written its report.
+    assert out.index("launch: recover: node host0 is lost") < out.index("launch: report in")
+    # The first attempt's advice names the lost machine, not a log to fix.
+    assert ("launch: advice: the run failed: a machine is gone (host0: lab host host0: its "
+            "network namespace is gone); `launch run --resume lost --recover` replaces it") in out
     first = json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())
     assert first["lost"] == {"host0": recovery["why"]}
     assert "node host0 was lost" in first["failure"]["reason"]
@@ -97,10 +111,11 @@ def test_the_replacement_in_a_run_that_gates_is_gated_with_the_other_nodes(lab, 
     why = fleet.gone(nodes[0])
     assert why == "lab host host0: its network namespace is gone"
     detected = time.monotonic()
-    new = recover_one(fleet, nodes[0], why, request.recover, book, "gated", detected)
-    assert new.name == "host2"
-    check_and_gate(fleet, SshBackend(lab.inventory, SshOptions()), request, [new, nodes[1]],
-                   book, detected, request.recover)
+    backend = SshBackend(lab.inventory, SshOptions())
+    new = recover_one(fleet, nodes[0], why, request.recover, book, "gated", detected, backend)
+    assert new.name == "host2" and book.entries[0]["checked_s"] > 0
+    gate_and_record(fleet, backend, request, [new, nodes[1]], book, book.entries, detected,
+                    request.recover)
     err = capsys.readouterr().err
     (entry,) = book.entries
     assert (entry["node"], entry["replacement"]) == ("host0", "host2")
@@ -112,3 +127,33 @@ def test_the_replacement_in_a_run_that_gates_is_gated_with_the_other_nodes(lab, 
     # The gate's SSH sessions are closed as it returns; sshd's own session process on a host
     # leaves a moment later (0.2 s here), as the connection's end reaches it.
     wait_for(lambda: only_sshd_left(lab) == {}, 10, "nothing but sshd on the hosts")
+
+
+def test_a_machine_gone_before_the_run_begins_is_replaced_and_the_run_starts_there(lab,
+                                                                                tmp_path):
+    """`--recover` covers a machine that went while nobody watched (a spot instance reclaimed
+    overnight, before `launch run --resume`): preflight cannot reach host0, its fleet says it
+    is gone, host2 replaces it and the run starts on host2 and host1, recorded as any
+    recovery."""
+    recipe = write_recipe(tmp_path)
+    lab.lose("host0")
+    run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                         "--run-id", "late", "--rdzv-port", "29656", "--recover", "1"], tmp_path)
+    try:
+        code = run.wait(timeout=300)
+    finally:
+        run.kill()
+    out = run.output()
+    assert code == 0, out[-5000:]
+    assert "launch: recover: node host0 is lost (lab host host0: its network namespace is " \
+           "gone); replacing it" in out
+    assert "launch: recover: starting run late on host2, host1" in out
+    summary = json.loads((tmp_path / "runs" / "late" / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["steps"] == 20
+    assert [n["name"] for n in summary["nodes"]] == ["host2", "host1"]
+    (recovery,) = summary["recoveries"]
+    assert (recovery["node"], recovery["replacement"]) == ("host0", "host2")
+    assert recovery["resumed_from_step"] is None   # it started, nothing to resume
+    kept = json.loads((tmp_path / "runs" / "late" / "recoveries.json").read_text())
+    assert kept == summary["recoveries"]
+    assert only_sshd_left(lab) == {}

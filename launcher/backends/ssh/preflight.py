@@ -37,7 +37,7 @@ from launcher.check.probe import node_function
 from launcher.cluster.inventory import Node
 from launcher.cluster.ssh import HostProblem, Started, connect, remote
 from launcher.cluster.ssh_options import SshOptions
-from launcher.core.errors import LauncherError
+from launcher.core.errors import LauncherError, NotStarted
 from launcher.job.recipe import Recipe, check_recipe_for_hardware
 
 # Runs on the node with its own interpreter; argv: one JSON object: the private address, the
@@ -281,7 +281,7 @@ class NodeFacts:
     shipped: object = None       # what shipping the workdir sent (launcher/workdir/sync.py)
 
 
-class PreflightFailed(LauncherError):
+class PreflightFailed(NotStarted):
     def __init__(self, problems: list[HostProblem]):
         self.problems = problems
         lines = [f"preflight found {len(problems)} problem(s); nothing was started:"]
