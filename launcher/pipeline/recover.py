@@ -30,6 +30,7 @@ names where its machines come from can do this; each says whether it can
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -40,7 +41,7 @@ from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError, NotStarted, RunFailed
-from launcher.execute.attempt import run_attempt
+from launcher.execute.attempt import EXIT_INTERRUPTED, run_attempt
 from launcher.job.request import Recover, RunRequest
 
 
@@ -238,20 +239,28 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
             started = isinstance(failed, RunFailed)
             if started:
                 folder = None   # the next attempt begins in the run's folder
-            lost = {n.name: why for n in current if (why := node_lost(n.name))}
+            # Ctrl-C or `launch stop` during the attempt: stopped as asked, not recovered.
+            asked = started and failed.exit_code in (EXIT_INTERRUPTED, 128 + signal.SIGTERM)
+            lost = {} if asked else \
+                {n.name: why for n in current if (why := node_lost(n.name))}
             if not lost:
+                unused = replacements.unused()
                 book.save()
                 book.into_summary()
+                if unused:
+                    raise RunFailed(f"{failed}\nlaunch: recover: "
+                                    f"{_unused(unused, fleet, 'the run stopped')}",
+                                    exit_code=failed.exit_code) from None
                 raise
             if replacements.used + len(lost) > policy.max_recoveries:
                 unused = replacements.unused()
+                book.save()
                 book.into_summary()
                 raise RecoveryFailed(
                     f"{failed}\nlaunch: recover: {', '.join(lost)} lost ({'; '.join(lost.values())}), "
                     f"and the run has used {replacements.used} of its "
                     f"{policy.max_recoveries} recoveries (--recover N)"
-                    + (f"; {', '.join(unused)}, brought in before the others were found lost, "
-                       f"stay(s) in {fleet.what} unused (`launch status`, `launch teardown`)"
+                    + (f"; {_unused(unused, fleet, 'the others were found lost')}"
                        if unused else ""),
                     exit_code=failed.exit_code) from None
             detected = replacements.first_at() or time.monotonic()
@@ -280,6 +289,11 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
             book.into_summary()
             summary["recoveries"] = book.entries
         return summary
+
+
+def _unused(names: list[str], fleet: Fleet, before: str) -> str:
+    return (f"{', '.join(names)}, brought in before {before}, stay(s) in {fleet.what} unused "
+            "(`launch status`, `launch teardown`)")
 
 
 def _step(entry: dict[str, Any], name: str, started: float, policy: Recover,
