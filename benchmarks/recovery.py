@@ -27,11 +27,13 @@
                  host replaces it (launch check, the collective gate), the run resumes from
                  the mirror's newest checkpoint. Measured: seconds from the loss to the first
                  resumed step (the benchmark's clock: the loss, and the first step line of the
-                 resumed attempt), split into noticing and stopping (SSH keepalives and the
-                 TCP_USER_TIMEOUT), replacing/checking/gating, and restarting (preflight, the
+                 resumed attempt), split into noticing (the hang watch's look unanswered,
+                 the fleet asked), the recovery (the failed attempt's end beside the
+                 replacement, its check, then the gate), and restarting (preflight, the
                  restore from the mirror, rendezvous, loading); and the steps done again. Once
                  without `--gate` and once with it (the gate then runs at the start and over
-                 the replacement: `--gate no yes`).
+                 the replacement: `--gate no yes`), each `--repeat N` times (a median row per
+                 case); `--logs DIR` keeps each run's log, every line with its second.
     mirror cost  the cost runs' async-10 again with `checkpoint.mirror` (the shared folder):
                  seconds each upload took (the watcher's own figure, in its process at nice
                  10, overlapping training), and what it cost training: the median step and
@@ -45,7 +47,7 @@ Needs root. Prints a table, writes benchmarks/results/recovery.json and recovery
 runs some of the cases; the others keep their last results (with their own notes).
 
     .venv/bin/python benchmarks/recovery.py [--kill-at 75] [--steps 150] [--cost-steps 120]
-        [--cases recovery cost machine-loss] [--gate no yes]
+        [--cases recovery cost machine-loss] [--gate no yes] [--repeat 1] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -296,8 +299,9 @@ class LossDisplay(PlainDisplay):
 
 
 def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Path, port: int,
-                     logs: Path, gate: bool = False) -> dict:
-    run_id = f"lose-head-every-{interval}" + ("-gated" if gate else "")
+                     logs: Path, gate: bool = False, repeat: int = 0) -> dict:
+    run_id = f"lose-head-every-{interval}" + ("-gated" if gate else "") + \
+        (f"-{repeat + 1}" if repeat else "")
     head = lab.hosts[0].name
     mirror_dir = lab.dir / "mirror"
     rec = recipe(run_id, steps, {"every_steps": interval, "keep": 2, "mirror": str(mirror_dir)},
@@ -337,14 +341,20 @@ def machine_loss_row(lab: Lab, interval: int, steps: int, lose_at: int, runs: Pa
     return {
         "checkpoint_every_steps": interval,
         "gate": gate,   # `--gate`: the run gates at its start, and so after a replacement
+        "repeat": repeat + 1,
         "lost": f"{head} (the head)",
         "lost_after_step": display.reached,
         "resumed_from_step": recovery["resumed_from_step"],
         "steps_lost": display.reached - recovery["resumed_from_step"],
         "loss_to_first_step_s": round(back, 3),
-        # The loss seen (SSH keepalives, TCP_USER_TIMEOUT), the attempt stopped, its files
-        # fetched from the nodes still there.
-        "notice_and_stop_s": round(noticed, 3),
+        # The loss noticed: the hang watch's look unanswered, the fleet asked. (Rows before
+        # 2026-12-04 measured to the attempt's end, its nodes stopped and files fetched, as
+        # `notice_and_stop_s`: the replacement began only then.)
+        "noticed_s": round(noticed, 3),
+        # From then to the restart: the attempt stopped, its files fetched, its summary and
+        # report written, while the replacement is made, set up and checked (begun at once,
+        # launcher/pipeline/recover.py Replacements); then the gate when the run gates.
+        "recovery_s": recovery["recovered_in_s"],
         "replace_s": recovery["replace_s"], "setup_s": recovery["setup_s"],
         "check_s": recovery["checked_s"], "gate_s": recovery["gate_s"],
         # Preflight (code shipped, nodes checked), the restore from the mirror, rendezvous,
@@ -483,16 +493,35 @@ def cost_table(cost: list[dict]) -> list[str]:
 def loss_table(loss: list[dict], mirror: dict | None) -> list[str]:
     lines = ["machine loss: the head taken away after step K (its disk too), checkpoints "
              "mirrored to a shared folder, --recover: a fresh lab host replaces it",
+             "(noticed: the loss to the fleet's answer; recovery: from there to the restart, "
+             "the attempt's end overlapping the replacement; of it: replace+check+gate)",
              f"{'every':>5} {'gate':>4} {'lost after':>10} {'resumed from':>12} "
-             f"{'steps lost':>10} {'loss->first step s':>18} {'notice+stop s':>13} "
-             f"{'replace+check+gate s':>20} {'restart s':>9}"]
+             f"{'steps lost':>10} {'loss->first step s':>18} {'noticed s':>9} "
+             f"{'recovery s':>10} {'of it: r+c+g s':>14} {'restart s':>9}"]
+
+    def figures(r: dict) -> tuple[float, ...]:
+        return (r["loss_to_first_step_s"], r["noticed_s"], r["recovery_s"],
+                r["replace_s"] + r["setup_s"] + r["check_s"] + (r["gate_s"] or 0.0),
+                r["restart_s"])
+
+    def row(first: str, values: tuple[float, ...]) -> str:
+        back, noticed, recovery, parts, restart = values
+        return (f"{first} {back:>18.2f} {noticed:>9.2f} {recovery:>10.2f} {parts:>14.2f} "
+                f"{restart:>9.2f}")
+
     for r in loss:
-        middle = r["replace_s"] + r["setup_s"] + r["check_s"] + (r["gate_s"] or 0.0)
-        lines.append(f"{r['checkpoint_every_steps']:>5} {'yes' if r.get('gate') else 'no':>4} "
-                     f"{r['lost_after_step']:>10} "
-                     f"{r['resumed_from_step']:>12} {r['steps_lost']:>10} "
-                     f"{r['loss_to_first_step_s']:>18.2f} {r['notice_and_stop_s']:>13.2f} "
-                     f"{middle:>20.2f} {r['restart_s']:>9.2f}")
+        lines.append(row(f"{r['checkpoint_every_steps']:>5} {'yes' if r.get('gate') else 'no':>4} "
+                         f"{r['lost_after_step']:>10} {r['resumed_from_step']:>12} "
+                         f"{r['steps_lost']:>10}", figures(r)))
+    cases: dict[tuple, list[dict]] = {}
+    for r in loss:
+        cases.setdefault((r["checkpoint_every_steps"], bool(r.get("gate"))), []).append(r)
+    for (every, gate), rows in cases.items():
+        if len(rows) > 1:
+            medians = tuple(statistics.median(values)
+                            for values in zip(*(figures(r) for r in rows)))
+            lines.append(row(f"{every:>5} {'yes' if gate else 'no':>4} "
+                             f"{f'median of {len(rows)}':>34}", medians))
     if mirror is not None:
         lines += ["", f"mirror cost within one run (checkpoint every {mirror['checkpoint_every_steps']} "
                       "steps to a shared folder; steps overlapping an upload against the others)",
@@ -531,6 +560,9 @@ def main() -> int:
     p.add_argument("--gate", nargs="+", default=["no", "yes"], choices=["no", "yes"],
                    help="machine loss: runs without and with `--gate` (which also gates the "
                         "replacement)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="machine loss: each case this many times (the table adds their "
+                        "median: one run's wall times carry the machine's noise)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/recovery.json"))
     p.add_argument("--logs", help="keep each run's log here (machine loss: every line with "
                                   "its second); default: removed with the lab")
@@ -576,14 +608,16 @@ def main() -> int:
                       "of a step per checkpoint", file=sys.stderr, flush=True)
             if "machine-loss" in args.cases:
                 loss = []
-                for interval, gate in ((i, g == "yes") for i in args.intervals
-                                       for g in args.gate):
+                for interval, gate, repeat in ((i, g == "yes", k) for i in args.intervals
+                                               for g in args.gate
+                                               for k in range(args.repeat)):
                     port += 1
                     # Each case loses the head anew: the lab's head is the replacement now.
                     row = machine_loss_row(lab, interval, args.steps, args.kill_at, runs,
-                                           port, logs, gate)
+                                           port, logs, gate, repeat)
                     loss.append(row)
-                    print(f"  machine loss, every {interval}, gate {'yes' if gate else 'no'}: "
+                    print(f"  machine loss, every {interval}, gate {'yes' if gate else 'no'}"
+                          f"{f', run {repeat + 1}' if args.repeat > 1 else ''}: "
                           f"{row['loss_to_first_step_s']}s "
                           f"from the loss to the first resumed step, {row['steps_lost']} "
                           "step(s) lost", file=sys.stderr, flush=True)
@@ -601,6 +635,9 @@ def main() -> int:
                      "batch 32 per rank, 2 lab hosts x 1 rank")
     data["kill_at_step"] = args.kill_at
     data.pop("note", None)
+    # The measurements first: a table that cannot be drawn must not lose minutes of runs.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
     lines = []
     if data.get("recovery"):
         lines += recovery_table(data["recovery"]) + [""]
@@ -611,8 +648,6 @@ def main() -> int:
     lines += [f"{case}: {text}" for case, text in data.get("notes", {}).items()]
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
     out.with_suffix(".txt").write_text(text)
     print(f"wrote {out} and {out.with_suffix('.txt')}")
     return 0
