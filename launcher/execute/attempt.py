@@ -63,8 +63,8 @@ def run_attempt(backend, request: RunRequest, nodes: list, *, display=None,
     attempt); else made here (a new one, or the next attempt of a resumed run). `node_lost`:
     why a node's machine is gone (launcher/pipeline/recover.py), or None; `machine_lost(name,
     why)`: told once when the attempt fails for a lost machine, as it starts stopping the
-    others (the replacement may begin then). `timeline`: the
-    run's phases so far (launcher/runs/timeline.py); else the attempt's own, from now."""
+    others (the replacement may begin then). `timeline`: the run's phases so far
+    (launcher/runs/timeline.py); else the attempt's own, from now."""
     timeline = timeline or Timeline()
     uid = folder.uid if folder is not None and folder.uid else \
         RunFolder.uid_for(request.runs_dir, request.run_id, request.resume)

@@ -33,7 +33,8 @@ def draw_busbw(ax, series: dict[str, list[tuple[int, float]]], sizes: list[int],
     ax.set_ylim(0, top * 1.12 or 1)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    if ax.get_legend_handles_labels()[0]:   # no points, no peak: no legend (and no warning)
+        ax.legend(fontsize=8, loc="upper left")
 
 
 def plot_bandwidth(run: NcclTestsRun, path: Path, *, title: str,

@@ -48,7 +48,7 @@ def _bars(comparison: Comparison):
     split_ax.set_yticks(ys, labels, fontsize=8)
     split_ax.set_xlabel("mean ms per step")
     legend(split_ax, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3,
-                    frameon=False)
+           frameon=False)
     for ax in (speed_ax, split_ax):
         ax.grid(True, axis="x", alpha=0.3)
     return fig
