@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.pipeline.recover import RecoveryBook, fleet_of
+from launcher.job.request import Recover
+from launcher.pipeline.recover import RecoveryBook, Replacements, fleet_of
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError
 from tests.run.conftest import write_recipe
@@ -44,3 +45,19 @@ def test_recoveries_are_kept_across_attempts_and_reach_the_summary(tmp_path):
     again.into_summary()
     assert json.loads((tmp_path / "summary.json").read_text()) == {
         "status": "succeeded", "recoveries": [{"node": "host0", "replacement": "host2"}]}
+
+
+def test_a_loss_beyond_the_runs_recoveries_begins_no_replacement(tmp_path):
+    """`--recover 1` spent by an earlier attempt: a machine lost now starts no replacement
+    while the attempt ends (on EC2 that would be an instance launched for nothing); the run
+    stops with the recovery budget's error instead (run_recovering). Nothing is asked of the
+    fleet, so none is given."""
+    book = RecoveryBook(tmp_path)
+    book.entries.append({"node": "host0", "replacement": "host2"})
+    replacements = Replacements(None, None, Recover(1, 60), book, "r")
+    try:
+        replacements.begin(Node("host1", "10.0.0.2", "10.0.0.2"), "its instance is terminated")
+        assert replacements.why("host1") is None and replacements.first_at() is None
+        assert replacements.unused() == [] and len(book.entries) == 1
+    finally:
+        replacements.close()
