@@ -555,7 +555,9 @@ def test_a_quiet_node_is_ended_only_when_its_fleet_says_its_machine_is_gone(tmp_
         asked.append(name)
         return gone.get(name)
 
-    recovery = Recovery(1, None, 60, tmp_path, clock=lambda: now[0], node_lost=node_lost)
+    told: list[tuple[str, str]] = []     # machine_lost: where the replacement begins
+    recovery = Recovery(1, None, 60, tmp_path, clock=lambda: now[0], node_lost=node_lost,
+                        machine_lost=lambda name, why: told.append((name, why)))
     lost, loaded, answering = (QuietNode("host0", 0.0), QuietNode("host1", 0.0),
                                QuietNode("host2", None))
     recovery.start([lost, loaded, answering], 0.0)
@@ -570,3 +572,7 @@ def test_a_quiet_node_is_ended_only_when_its_fleet_says_its_machine_is_gone(tmp_
     now[0] += FLEET_ASK_S
     recovery.trouble()
     assert asked[2:] == ["host1"] and not loaded.forsaken   # host0 ends: not asked again
+    # The lost machine is told once (its replacement may begin), the loaded one never; its
+    # agent's end that follows the forsaking tells nothing more.
+    assert told == [("host0", gone["host0"])]
+    assert recovery.node_failed("host0", 255) is False and told == [("host0", gone["host0"])]
