@@ -33,6 +33,8 @@ from launcher.runs.timeline import JOB, LAST, Timeline
 from launcher.workdir.left_out import missing_left_out
 
 EXIT_INTERRUPTED = 130
+# `launch stop`, or a SIGTERM to launch: the run stopped as asked.
+EXIT_STOPPED = 128 + signal.SIGTERM
 
 
 def _now() -> str:
@@ -318,9 +320,9 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
     lines.append(f"logs and summary kept in {folder.root}")
     code = EXIT_INTERRUPTED if outcome.status == "interrupted" else \
         EXIT_PREEMPTED if outcome.status == "preempted" else \
-        128 + signal.SIGTERM if outcome.status == "stopped" else 1
+        EXIT_STOPPED if outcome.status == "stopped" else 1
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
-        code = 128 + signal.SIGTERM
+        code = EXIT_STOPPED
     raise RunFailed("\n".join(lines), exit_code=code)
 
 

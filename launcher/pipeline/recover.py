@@ -30,7 +30,6 @@ names where its machines come from can do this; each says whether it can
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -41,7 +40,7 @@ from typing import Any, Protocol
 
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError, NotStarted, RunFailed
-from launcher.execute.attempt import EXIT_INTERRUPTED, run_attempt
+from launcher.execute.attempt import EXIT_INTERRUPTED, EXIT_STOPPED, run_attempt
 from launcher.job.request import Recover, RunRequest
 
 
@@ -240,7 +239,7 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
             if started:
                 folder = None   # the next attempt begins in the run's folder
             # Ctrl-C or `launch stop` during the attempt: stopped as asked, not recovered.
-            asked = started and failed.exit_code in (EXIT_INTERRUPTED, 128 + signal.SIGTERM)
+            asked = started and failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED)
             lost = {} if asked else \
                 {n.name: why for n in current if (why := node_lost(n.name))}
             if not lost:
@@ -266,12 +265,9 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
             detected = replacements.first_at() or time.monotonic()
             if timeline is not None:
                 timeline.begin("machine recovery")
-            try:
-                for name, why in lost.items():
-                    new = replacements.replacement(by_name[name], why)
-                    current = [new if n.name == name else n for n in current]
-            finally:
-                replacements.close()
+            for name, why in lost.items():
+                new = replacements.replacement(by_name[name], why)
+                current = [new if n.name == name else n for n in current]
             gate_and_record(fleet, backend, request, current, book,
                             book.entries[replacements.used:], detected, policy)
             book.save()

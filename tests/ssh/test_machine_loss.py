@@ -129,25 +129,20 @@ def test_the_replacement_in_a_run_that_gates_is_gated_with_the_other_nodes(lab, 
     wait_for(lambda: only_sshd_left(lab) == {}, 10, "nothing but sshd on the hosts")
 
 
-def test_a_machine_gone_before_the_run_begins_is_replaced_and_the_run_starts_there(lab,
-                                                                                tmp_path):
+def test_a_machine_gone_before_the_run_begins_is_replaced_and_the_run_starts_there(
+        lab, tmp_path, run_launch):
     """`--recover` covers a machine that went while nobody watched (a spot instance reclaimed
     overnight, before `launch run --resume`): preflight cannot reach host0, its fleet says it
     is gone, host2 replaces it and the run starts on host2 and host1, recorded as any
     recovery."""
     recipe = write_recipe(tmp_path)
     lab.lose("host0")
-    run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
-                         "--run-id", "late", "--rdzv-port", "29656", "--recover", "1"], tmp_path)
-    try:
-        code = run.wait(timeout=300)
-    finally:
-        run.kill()
-    out = run.output()
-    assert code == 0, out[-5000:]
+    proc = run_launch("run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                      "--run-id", "late", "--rdzv-port", "29656", "--recover", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "launch: recover: node host0 is lost (lab host host0: its network namespace is " \
-           "gone); replacing it" in out
-    assert "launch: recover: starting run late on host2, host1" in out
+           "gone); replacing it" in proc.stderr
+    assert "launch: recover: starting run late on host2, host1" in proc.stderr
     summary = json.loads((tmp_path / "runs" / "late" / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == 20
     assert [n["name"] for n in summary["nodes"]] == ["host2", "host1"]
