@@ -101,6 +101,11 @@ class RestartBook:
         # of a failure that began elsewhere (launcher/execute/supervisor.py PEER_LOST).
         self._peer_lost: set[str] = set()
         self._step: int | None = None      # the highest LAUNCH_STEP step since the last incident
+        # A new incident first reported by a node that only lost its peer, not yet announced:
+        # said once a node that did not (where it began) reports, or when the rendezvous
+        # re-forms (seen on a loaded machine: "restart 1 of 1: node node0" said of the victim,
+        # node1's own report arriving a moment later). (incident, its number)
+        self._held: tuple[Incident, int] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -127,19 +132,36 @@ class RestartBook:
                     current.node, current.reason = node, reason
                     current.signal_death = True
                 self._reblame(current)
-                return True
-            incident = Incident(kind, node, reason, now_s, signal_death,
-                                reports=[(node, reason)], reached_step=self._step)
-            self._step = None
-            self.incidents.append(incident)
-            if len(self.incidents) > self.budget:
-                where = "" if kind == "hang" else f"node {node}: "
-                self._exhausted = (node, f"{where}{reason}; the run had used its "
-                                         f"{self.budget} restart(s)")
-                return False
-        if self.on_new is not None:
-            self.on_new(incident, len(self.incidents))
+                told = self._release(only_if_blamed=True)
+            else:
+                incident = Incident(kind, node, reason, now_s, signal_death,
+                                    reports=[(node, reason)], reached_step=self._step)
+                self._step = None
+                self.incidents.append(incident)
+                if len(self.incidents) > self.budget:
+                    where = "" if kind == "hang" else f"node {node}: "
+                    self._exhausted = (node, f"{where}{reason}; the run had used its "
+                                             f"{self.budget} restart(s)")
+                    return False
+                told = (incident, len(self.incidents))
+                if kind == "worker" and node in self._peer_lost and not signal_death:
+                    self._held, told = told, None
+        self._tell(told)
         return True
+
+    def _release(self, only_if_blamed: bool = False) -> tuple[Incident, int] | None:
+        """The held announcement, to be said now (under the lock): at once, or `only_if_blamed`
+        once its incident names a node that did not only lose its peer."""
+        held = self._held
+        if held is None or (only_if_blamed and held[0].node in self._peer_lost and
+                            not held[0].signal_death):
+            return None
+        self._held = None
+        return held
+
+    def _tell(self, told: tuple[Incident, int] | None) -> None:
+        if told is not None and self.on_new is not None:
+            self.on_new(*told)
 
     def _reblame(self, incident: Incident) -> None:
         """A node blamed for only losing its peer gives the blame to the first node of the
@@ -182,12 +204,16 @@ class RestartBook:
                 current = self._open()
                 if current is not None:
                     self._reblame(current)
+                told = self._release(only_if_blamed=True)
+            self._tell(told)
         if REFORMED.match(text):
             with self._lock:
                 current = self._open()
                 if current is not None:
                     current.reformed = True
                 self._peer_lost.clear()
+                told = self._release()   # nobody else reported: said as it stands
+            self._tell(told)
             return
         resumed, none = RESUMED.match(text), NO_CHECKPOINT.match(text)
         if resumed or none:
@@ -222,6 +248,8 @@ class RestartBook:
             current = self._open()
             if current is not None:
                 current.reformed = True
+            told = self._release()
+        self._tell(told)
 
     def to_json(self) -> list[dict[str, Any]]:
         """Each incident; `restarted` false for the one beyond the budget, which ended the

@@ -528,6 +528,33 @@ def test_a_peer_that_aborted_first_is_not_blamed_for_the_restart():
     assert incident["reason"] == "worker local_rank 0 (pid 15721) was killed by SIGKILL"
 
 
+def test_a_restart_is_announced_naming_where_it_began_not_the_peer_that_reported_first():
+    """Seen in the full suite on a loaded machine: node1's worker crashed, node0's worker lost
+    its peer ("Connection closed by peer") and its agent reported first; the restart was
+    announced as "node node0" though the summary then blamed node1. A victim's report now
+    waits for the report of where it began; with none, the re-formed rendezvous says it."""
+    said: list[str] = []
+    book = RestartBook(budget=2)
+    book.on_new = lambda incident, number: said.append(f"{number}: {incident.node}")
+    book.line("node0", "0", "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer "
+              "[10.0.0.2]:41234", 10.0)
+    book.line("node0", "agent", PEER, 10.1)       # the victim's agent reports first
+    assert said == []
+    book.line("node1", "agent", PEER.replace("pid: 6033", "pid: 7000"), 10.3)
+    assert said == ["1: node1"]
+    book.line("node1", "0", "launch: worker rank 1/2 (local rank 0, pid 7100) attempt 1 on vm",
+              12.0)
+    assert said == ["1: node1"]                  # said once
+    # Only the victim reported before the rendezvous re-formed: said then, as it stands.
+    book.line("node0", "0", "[rank0]: RuntimeError: Connection reset by peer", 20.0)
+    book.line("node0", "agent", PEER, 20.1)
+    assert said == ["1: node1"]
+    book.line("node0", "0", "launch: worker rank 0/2 (local rank 0, pid 7200) attempt 2 on vm",
+              22.0)
+    assert said == ["1: node1", "2: node0"]
+    assert [i["node"] for i in book.to_json()] == ["node1", "node0"]
+
+
 # ---- a machine lost without a word ---------------------------------------------------------
 
 class QuietNode:
