@@ -4,8 +4,8 @@ LAUNCH_JOB_ARGV, out of reach of torchrun's parser), before it becomes that prog
 (same pid, so launch's probes and py-spy find it as the rank):
 
 - LAUNCH_ATTEMPT: the attempt the node agent was started for (launch's restarts, `--resume`)
-  plus the restarts torchrun made by itself (TORCHELASTIC_RESTART_COUNT), so a job counts
-  0, 1, 2 ... across every kind of restart;
+  plus the rounds torchrun started this rank in before (rounds_before), so a job counts
+  0, 1, 2 ... across every kind of restart, the same on every node;
 - the workdir (the folder the job runs in) first on PYTHONPATH, before the recipe's entries,
   so that the job's own processes (DataLoader workers, subprocesses) import its code first;
 - the rank dies with its agent (PR_SET_PDEATHSIG): torchrun starts each worker in a session
@@ -43,6 +43,7 @@ import signal
 import socket
 import stat
 import sys
+import time
 
 # launch's own launch_node first (a job's own package of that name comes after: this process
 # becomes the job by exec, with a fresh sys.path).
@@ -170,6 +171,94 @@ def _int(name: str) -> int:
         return 0
 
 
+# torchrun's files for one rank of one round: <log_dir>/<rdzv id>_<suffix>/attempt_<restart
+# count>/<local rank>/error.json (TORCHELASTIC_ERROR_FILE). The <rdzv id>_<suffix> folder is
+# made once per agent, so it outlives the agent's rounds.
+ROUND_COUNT_FILE = "launch-rounds.local{local_rank}"
+
+
+def rounds_before(env) -> int | None:
+    """How many rounds this rank's torchrun agent started it in before this one, counted in the
+    agent's own log folder; None where torchrun names no such folder.
+
+    Not TORCHELASTIC_RESTART_COUNT: that counts only the agent's own failures. An agent whose
+    workers were healthy when a peer's failed restarts them for the peer's new round without
+    counting (torch's `num_nodes_waiting`), so after one restart one node said attempt 1 and
+    the other attempt 0 (seen on the Slurm lab: a rank 0 that could not listen on MASTER_PORT
+    restarted the group while rank 1 still waited for it). Every agent starts every local rank
+    once per round, so the count of starts is the same on every node."""
+    error_file = env.get("TORCHELASTIC_ERROR_FILE")
+    local_rank = env.get("LOCAL_RANK")
+    if not error_file or local_rank is None or not local_rank.isdigit():
+        return None
+    rank_dir = os.path.dirname(error_file)
+    round_dir = os.path.dirname(rank_dir)
+    if (os.path.basename(error_file) != "error.json"
+            or not os.path.basename(round_dir).startswith("attempt_")):
+        return None
+    counter = os.path.join(os.path.dirname(round_dir),
+                           ROUND_COUNT_FILE.format(local_rank=local_rank))
+    try:
+        with open(counter) as f:
+            before = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        before = 0
+    try:
+        with open(counter + ".tmp", "w") as f:
+            f.write(f"{before + 1}\n")
+        os.replace(counter + ".tmp", counter)
+    except OSError:
+        return None
+    return before
+
+
+# torchrun picks MASTER_PORT for each round (when its agents do not share their store with
+# the workers: launch turns sharing off for runs that restart) by binding port 0 on
+# "localhost" and closing it (torch's get_free_port); rank 0 then listens on that port on every
+# address. A socket on another address keeps it from doing so: an IPv4 one where "localhost"
+# is ::1 (Debian's /etc/hosts), a socket opened in between. init_process_group then fails
+# with EADDRINUSE (pytorch/pytorch#126510; seen on the Slurm lab). A short-lived holder is
+# waited for.
+MASTER_PORT_WAIT_S = 5.0
+
+
+def _can_listen(port: int) -> bool:
+    """Whether a listening socket can take the port on every IPv4 address, as the TCPStore of
+    init_process_group will (libuv sets SO_REUSEADDR: a closed connection's TIME_WAIT does
+    not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return False
+        return True
+
+
+def wait_for_master_port(env, wait_s: float = MASTER_PORT_WAIT_S) -> None:
+    """Rank 0, where its process group's store is its own to make: MASTER_PORT free to listen
+    on, waited for up to `wait_s`; said in one line when it is not."""
+    port = env.get("MASTER_PORT", "")
+    if env.get("RANK") != "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" \
+            or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    deadline = time.monotonic() + wait_s
+    if _can_listen(int(port)):
+        return
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if _can_listen(int(port)):
+            print(f"launch: MASTER_PORT {port}, which torchrun chose for this round, was taken "
+                  "on this node by another socket for a moment; it is free now", flush=True)
+            return
+    print(f"launch: MASTER_PORT {port}, which torchrun chose for this round, is taken on this "
+          f"node by another socket (still after {wait_s:g}s): rank 0 cannot listen there and "
+          "init_process_group fails with EADDRINUSE. torchrun chooses it by probing "
+          "'localhost' only (pytorch/pytorch#126510); a restart of the round (--max-restarts) "
+          "chooses another", flush=True)
+
+
 def job_args(env) -> list[str] | None:
     """The arguments launch gave in JOB_ARGV (taken out of the environment: the job and its
     children do not see it); [] when none were given; None when it is not a JSON list of text."""
@@ -205,7 +294,9 @@ def main(argv: list[str]) -> int:
         print(f"launch: {JOB_ARGV} is not a JSON list of text", file=sys.stderr)
         return 2
     kind, target, args = argv[0], argv[1], [*argv[2:], *given]
-    attempt = _int("LAUNCH_ATTEMPT") + _int("TORCHELASTIC_RESTART_COUNT")
+    rounds = rounds_before(env)
+    attempt = _int("LAUNCH_ATTEMPT") + (
+        rounds if rounds is not None else _int("TORCHELASTIC_RESTART_COUNT"))
     env["LAUNCH_ATTEMPT"] = str(attempt)
     workdir = os.getcwd()
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != workdir]
@@ -215,6 +306,7 @@ def main(argv: list[str]) -> int:
     print(f"launch: worker rank {env.get('RANK', '?')}/{env.get('WORLD_SIZE', '?')} "
           f"(local rank {env.get('LOCAL_RANK', '?')}, pid {os.getpid()}) attempt {attempt} "
           f"on {socket.gethostname()}", flush=True)
+    wait_for_master_port(env)
     program = ["-m", target] if kind == "module" else [target]
     try:
         os.execv(sys.executable, [sys.executable, "-u", *program, *args])

@@ -500,7 +500,7 @@ class Supervisor:
             time.sleep(self.poll_s)
         give_up_at = time.monotonic() + recovery.restart_deadline_s
         # LAUNCH_ATTEMPT of the restarted node: the run's restarts so far (its peers count
-        # theirs through torchrun's restart count, launch_node/worker.py).
+        # the rounds their agents started, launch_node/worker.py rounds_before).
         p.attempt_offset = recovery.attempts()
         while True:
             try:

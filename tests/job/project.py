@@ -61,6 +61,14 @@ import torch.distributed as dist
 from train.model import TinyModel, PACKAGE
 from launch_node import PACKAGE as NODE_PACKAGE
 
+if mode == "quit-before-init-once" and os.environ["RANK"] == "0":
+    # Rank 0 gone before the process group forms, once: its peer is still waiting in
+    # init_process_group, healthy, and its agent restarts it for the new round without
+    # counting a restart of its own (torch's TORCHELASTIC_RESTART_COUNT stays 0 there).
+    marker = os.path.join(os.environ["LAUNCH_CHECKPOINT_DIR"], "quit-before-init")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        sys.exit("rank 0 quits before init_process_group, once")
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 # As the DDP tutorial's multinode.py: a snapshot in the working folder, resumed from if there.

@@ -298,6 +298,27 @@ def test_max_restarts_restarts_and_counts_the_attempt(run_launch, project):
         assert f">{phase}</text>" in loss
 
 
+def test_every_rank_of_a_round_says_the_same_attempt(run_launch, project):
+    """Rank 0 quits before the process group forms: only its agent counts a restart; the
+    other node's agent restarts its healthy, waiting rank for the new round without one.
+    LAUNCH_ATTEMPT is still 1 on both nodes in that round (it was 1 and 0)."""
+    proc = run_launch("run", "--local", "--nodes", "2", "main.py", "--run-id", "rounds",
+                      "--max-restarts", "1", "--", "--mode", "quit-before-init-once",
+                      cwd=project, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = project / "runs" / "rounds"
+    said = {}
+    for node in ("node0", "node1"):
+        log = (run / node / "node.log").read_text()
+        said[node] = re.findall(r"launch: worker rank (\d)/2 .* attempt (\d+) on", log)
+    # Each node's rank, in both rounds: 0 then 1.
+    assert said == {"node0": [("0", "0"), ("0", "1")], "node1": [("1", "0"), ("1", "1")]}, said
+    seen = results(proc.stdout + "".join((run / n / "node.log").read_text()
+                                         for n in ("node0", "node1")))
+    assert {r["env"]["LAUNCH_ATTEMPT"] for r in seen.values()} == {"1"}
+    assert summary_of(run)["attempt"] == 1
+
+
 def test_a_hung_rank_is_found_with_its_own_stack(run_launch, project):
     """Rank 1 loops in the user's own function while rank 0 waits in a collective: no output,
     no CPU, no step: stopped after the hang timeout, each rank's stack kept."""
