@@ -19,7 +19,8 @@ import yaml
 
 from tests import labs
 from tests.labs import (capped_lab, lab, lab3, module_capped_lab,  # noqa: F401 (fixtures)
-                        module_lab, module_lab3, module_private_lab, private_lab, slurm_lab)
+                        module_lab, module_lab3, module_private_lab, private_lab, slurm_lab,
+                        slurm_lab_left_ready)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -92,6 +92,28 @@ def slurm_lab(tmp_path_factory):
     built.destroy()
 
 
+@pytest.fixture(autouse=True)
+def slurm_lab_left_ready(request):
+    """After each test on the Slurm lab, every node idle again (its jobs ended within
+    KillWait). Where not, the test fails with what is wrong and the daemons' logs, which the
+    lab's removal would otherwise take with it, and the lab is brought back."""
+    if "slurm_lab" not in request.fixturenames:
+        yield
+        return
+    slurm = request.getfixturevalue("slurm_lab")
+    yield
+    problems = slurm.problems()
+    if problems:
+        # Brought back first, so that the module's next tests find idle nodes (one node left
+        # completing once failed the six tests after it).
+        try:
+            problems += ["the lab, brought back:", *slurm.heal()]
+        except Exception as err:  # noqa: BLE001 (said with the problems it follows)
+            problems.append(f"the lab could not be brought back: {err}")
+        pytest.fail("the Slurm lab was not ready for the next test:\n" + "\n".join(problems),
+                    pytrace=False)
+
+
 # Every fixture above builds or hands out a lab: tests/conftest.py marks their users `lab`
 # and `slow`.
 LAB_FIXTURES = {"module_lab", "lab", "module_lab3", "lab3", "module_capped_lab", "capped_lab",

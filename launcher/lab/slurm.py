@@ -164,7 +164,11 @@ class SlurmLab:
         # an entry for that form each lookup went to DNS, which a namespace cannot reach,
         # and stalled 10 s per connection (a 2-node job took 26 s instead of 5).
         names = [(gateway, self.controller), *((h.address, h.name) for h in self.hosts)]
-        hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        # "localhost" is 127.0.0.1 only, as on Ubuntu (AWS's Deep Learning AMIs). Where it is
+        # ::1 first (Debian's default), torchrun's probe for MASTER_PORT binds ::1 and can
+        # hand rank 0 a port an IPv4 socket holds: each srun on the head listens on several
+        # (launch_node/worker.py wait_for_master_port; seen here: EADDRINUSE, a restart lost).
+        hosts = ["127.0.0.1 localhost", "::1 ip6-localhost ip6-loopback"]
         hosts += [f"{addr} {name}" for addr, name in names]
         hosts += [f"::ffff:{addr} {name}" for addr, name in names]
         (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
@@ -266,12 +270,66 @@ class SlurmLab:
     def _wait_until_idle(self, timeout: float = 30.0) -> None:
         """Every node registered with slurmctld and idle: jobs can start."""
         def idle() -> bool:
-            proc = self.client(["sinfo", "--noheader", "--Node", "--format=%N %t"])
-            states = dict(line.split() for line in proc.stdout.splitlines() if line.strip())
-            return proc.returncode == 0 and all(states.get(h.name) == "idle"
-                                                for h in self.hosts)
+            states = self.node_states()
+            return all(states.get(h.name) == "idle" for h in self.hosts)
 
         self._wait_for(idle, "the Slurm nodes", self.dir / "ctld" / "slurmctld.log", timeout)
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as sinfo prints it ("idle", "alloc", "comp*": a trailing * is a
+        node slurmctld cannot reach); empty when slurmctld does not answer."""
+        try:
+            proc = self.client(["sinfo", "--noheader", "--Node", "--format=%N %t"], timeout=10)
+        except subprocess.TimeoutExpired:
+            return {}
+        return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+    def problems(self, timeout: float = 30.0) -> list[str]:
+        """What keeps the lab from taking the next job, after waiting up to `timeout` for every
+        node to be idle (a cancelled job completes within KillWait): a daemon that is gone, a
+        node in another state. Each problem comes with the tail of the log that tells why."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.node_states()
+            if all(states.get(h.name) == "idle" and _alive(h.slurmd_pid) for h in self.hosts):
+                return []
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        found = []
+        for name, pid in (("munged", self.munged_pid), ("slurmctld", self.slurmctld_pid)):
+            if not _alive(pid):
+                found.append(f"{name} (pid {pid}) is gone")
+        if not states:
+            found.append("slurmctld does not answer sinfo")
+        for host in self.hosts:
+            alive = "running" if _alive(host.slurmd_pid) else "gone"
+            found.append(f"{host.name}: {states.get(host.name, '?')}; its slurmd (pid "
+                         f"{host.slurmd_pid}) is {alive}; left on it: {self.job_pids(host.name)}")
+            found += _tail(self.dir / "nodes" / host.name / "slurmd.log")
+            found += _tail(self.dir / "nodes" / host.name / "slurmd.out")
+        found += _tail(self.dir / "ctld" / "slurmctld.log")
+        return found
+
+    def heal(self) -> list[str]:
+        """Idle nodes again after problems() found some: on a node that is not idle, what ran
+        there is killed and its slurmd started afresh (a gone or silent one); a node set down
+        returns (ReturnToService=2 does that once its slurmd registers). Returns what it did;
+        raises LabError when the nodes are still not idle."""
+        states = self.node_states()
+        done = []
+        for host in self.hosts:
+            if states.get(host.name) == "idle" and _alive(host.slurmd_pid):
+                continue
+            _stop(host.slurmd_pid)
+            left = self.job_pids(host.name)
+            for pid in left:
+                netns.kill(pid)
+            self._start_slurmd(host)
+            done.append(f"{host.name} was {states.get(host.name, '?')}: its slurmd started again "
+                        f"(pid {host.slurmd_pid}), {len(left)} process(es) left there killed")
+        self._wait_until_idle(timeout=60.0)
+        return done
 
     def client(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         """A Slurm client command against this lab (from the login node)."""
@@ -351,6 +409,14 @@ class SlurmLab:
 
     def export_line(self) -> str:
         return f"export SLURM_CONF={shlex.quote(str(self.conf))}"
+
+
+def _tail(log: Path, lines: int = 25) -> list[str]:
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+    return [f"  --- the end of {log}"] + [f"  {line}" for line in text]
 
 
 def _alive(pid: int) -> bool:
