@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,24 @@ def test_lab_up_runs_jobs_and_down_removes_everything(run_launch, tmp_path):
 def _netns_pids(netns: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def test_a_lab_whose_slurmd_died_says_so_and_comes_back(slurm_lab):
+    """What the tests' check after each test on the lab finds and mends (tests/labs.py)."""
+    host = slurm_lab.hosts[0]
+    dead = host.slurmd_pid
+    os.kill(dead, signal.SIGKILL)
+    wait_for(lambda: not _alive(dead), 10, "slurmd gone")
+    problems = slurm_lab.problems(timeout=1)
+    # (sinfo may still say idle: slurmctld notices a silent slurmd only at its next ping)
+    assert any(line.startswith(f"{host.name}: ") and f"its slurmd (pid {dead}) is gone" in line
+               for line in problems), problems
+    assert any(line.endswith(f"nodes/{host.name}/slurmd.log") for line in problems)
+    done = slurm_lab.heal()
+    assert len(done) == 1 and f"{host.name} was " in done[0], done
+    assert f"its slurmd started again (pid {host.slurmd_pid})" in done[0]
+    assert slurm_lab.problems(timeout=1) == [] and host.slurmd_pid != dead
+    # And it runs jobs on both hosts again.
+    srun = slurm_lab.client(["srun", "--nodes=2", "--label", "hostname"], timeout=60)
+    assert sorted(srun.stdout.split()) == sorted(
+        [f"{i}:" for i in range(2)] + [h.name for h in slurm_lab.hosts]), srun.stderr
