@@ -328,8 +328,19 @@ class SlurmLab:
             self._start_slurmd(host)
             done.append(f"{host.name} was {states.get(host.name, '?')}: its slurmd started again "
                         f"(pid {host.slurmd_pid}), {len(left)} process(es) left there killed")
-        self._wait_until_idle(timeout=60.0)
-        return done
+        deadline = time.monotonic() + 60.0
+        while True:
+            states = self.node_states()
+            if all(states.get(h.name) == "idle" for h in self.hosts):
+                return done
+            if time.monotonic() > deadline:
+                raise LabError(f"the Slurm lab's nodes are still not idle: {states}")
+            # A node slurmctld drained (a job it could not end: "Kill task failed") stays
+            # drained until told; a down one returns by itself once its slurmd registers.
+            for name, state in states.items():
+                if state.startswith(("drain", "drng")):
+                    self.client(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
+            time.sleep(1.0)
 
     def client(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         """A Slurm client command against this lab (from the login node)."""
