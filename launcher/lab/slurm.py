@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from launcher.lab import netns
@@ -304,8 +304,10 @@ class SlurmLab:
             found.append("slurmctld does not answer sinfo")
         for host in self.hosts:
             alive = "running" if _alive(host.slurmd_pid) else "gone"
+            port = "answers" if _answers(host.address, SLURMD_PORT) else "does not answer"
             found.append(f"{host.name}: {states.get(host.name, '?')}; its slurmd (pid "
-                         f"{host.slurmd_pid}) is {alive}; left on it: {self.job_pids(host.name)}")
+                         f"{host.slurmd_pid}) is {alive}, its port {port} from here; left on "
+                         f"it: {self.job_pids(host.name)}")
             found += _tail(self.dir / "nodes" / host.name / "slurmd.log")
             found += _tail(self.dir / "nodes" / host.name / "slurmd.out")
         found += _tail(self.dir / "ctld" / "slurmctld.log")
@@ -314,8 +316,8 @@ class SlurmLab:
     def heal(self) -> list[str]:
         """Idle nodes again after problems() found some: on a node that is not idle, what ran
         there is killed and its slurmd started afresh (a gone or silent one); a node set down
-        returns (ReturnToService=2 does that once its slurmd registers). Returns what it did;
-        raises LabError when the nodes are still not idle."""
+        returns (ReturnToService=2 does that once its slurmd registers). Where that is not
+        enough within 30 s, the whole lab is made again (rebuild). Returns what it did."""
         states = self.node_states()
         done = []
         for host in self.hosts:
@@ -328,19 +330,30 @@ class SlurmLab:
             self._start_slurmd(host)
             done.append(f"{host.name} was {states.get(host.name, '?')}: its slurmd started again "
                         f"(pid {host.slurmd_pid}), {len(left)} process(es) left there killed")
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + 30.0
         while True:
             states = self.node_states()
             if all(states.get(h.name) == "idle" for h in self.hosts):
                 return done
             if time.monotonic() > deadline:
-                raise LabError(f"the Slurm lab's nodes are still not idle: {states}")
+                self.rebuild()
+                return [*done, f"still not idle ({states}): the lab was made again, as "
+                               f"{', '.join(h.name for h in self.hosts)}"]
             # A node slurmctld drained (a job it could not end: "Kill task failed") stays
             # drained until told; a down one returns by itself once its slurmd registers.
             for name, state in states.items():
                 if state.startswith(("drain", "drng")):
                     self.client(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
             time.sleep(1.0)
+
+    def rebuild(self) -> None:
+        """Everything removed and made again in the same folder: new namespaces, addresses,
+        daemons and names, in this same object (its users hold it)."""
+        directory, count = self.dir, len(self.hosts)
+        self.destroy()
+        fresh = SlurmLab.create(directory, count)
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
 
     def client(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         """A Slurm client command against this lab (from the login node)."""
@@ -420,6 +433,16 @@ class SlurmLab:
 
     def export_line(self) -> str:
         return f"export SLURM_CONF={shlex.quote(str(self.conf))}"
+
+
+def _answers(address: str, port: int) -> bool:
+    """Whether a TCP connection to the address and port opens from this namespace (as
+    slurmctld's to a node's slurmd)."""
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def _tail(log: Path, lines: int = 25) -> list[str]:

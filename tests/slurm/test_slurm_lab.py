@@ -96,3 +96,22 @@ def test_a_lab_whose_slurmd_died_says_so_and_comes_back(slurm_lab):
     srun = slurm_lab.client(["srun", "--nodes=2", "--label", "hostname"], timeout=60)
     assert sorted(srun.stdout.split()) == sorted(
         [f"{i}:" for i in range(2)] + [h.name for h in slurm_lab.hosts]), srun.stderr
+
+
+def test_a_lab_cut_off_from_a_host_says_so_and_is_made_again(slurm_lab):
+    host = slurm_lab.hosts[1]
+    # Its link down, and the node out of service (slurmctld notices a silent node only at
+    # its next ping, up to 100 s later: drained here at once instead).
+    subprocess.run(["ip", "link", "set", host.veth, "down"], check=True)
+    slurm_lab.client(["scontrol", "update", f"NodeName={host.name}", "State=DRAIN",
+                      "Reason=cut off by a test"])
+    problems = slurm_lab.problems(timeout=1)
+    assert any(line.startswith(f"{host.name}: drain") and
+               "is running, its port does not answer from here" in line
+               for line in problems), problems
+    old = {h.name for h in slurm_lab.hosts}
+    slurm_lab.rebuild()
+    assert slurm_lab.problems(timeout=1) == []
+    assert not old & {h.name for h in slurm_lab.hosts}
+    srun = slurm_lab.client(["srun", "--nodes=2", "hostname"], timeout=60)
+    assert sorted(srun.stdout.split()) == sorted(h.name for h in slurm_lab.hosts), srun.stderr
