@@ -9,6 +9,9 @@ way; each test ends its own jobs.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import pytest
 
 from launcher.lab import netns
@@ -92,26 +95,39 @@ def slurm_lab(tmp_path_factory):
     built.destroy()
 
 
+class SlurmLabFault(UserWarning):
+    """The Slurm lab's own machinery failed, not what a test ran on it."""
+
+
 @pytest.fixture(autouse=True)
 def slurm_lab_left_ready(request):
     """After each test on the Slurm lab, every node idle again (its jobs ended within
-    KillWait). Where not, the test fails with what is wrong and the daemons' logs, which the
-    lab's removal would otherwise take with it, and the lab is brought back."""
+    KillWait), and the lab brought back where not, so that the module's next tests find idle
+    nodes (in CI, one node left completing and unreachable failed the six tests after it).
+
+    What is wrong is said with the daemons' logs, which the lab's removal would otherwise take
+    with it. The test fails where launch may be to blame: a daemon gone (killed?), a job's
+    process left on a node. A node slurmctld cannot reach while its slurmd runs and nothing of
+    a job is left is the lab's fault (network namespaces on a shared machine): a warning."""
     if "slurm_lab" not in request.fixturenames:
         yield
         return
     slurm = request.getfixturevalue("slurm_lab")
     yield
     problems = slurm.problems()
-    if problems:
-        # Brought back first, so that the module's next tests find idle nodes (one node left
-        # completing once failed the six tests after it).
-        try:
-            problems += ["the lab, brought back:", *slurm.heal()]
-        except Exception as err:  # noqa: BLE001 (said with the problems it follows)
-            problems.append(f"the lab could not be brought back: {err}")
-        pytest.fail("the Slurm lab was not ready for the next test:\n" + "\n".join(problems),
-                    pytrace=False)
+    if not problems:
+        return
+    blame = slurm.gone_daemons() + [f"a job's process left on {h.name}" for h in slurm.hosts
+                                     if slurm.job_pids(h.name)]
+    try:
+        problems += ["the lab, brought back:", *slurm.heal()]
+    except Exception as err:  # noqa: BLE001 (said with the problems it follows)
+        problems.append(f"the lab could not be brought back: {err}")
+    said = "the Slurm lab was not ready for the next test:\n" + "\n".join(problems)
+    if blame:
+        pytest.fail(f"{', '.join(blame)}; {said}", pytrace=False)
+    print(said, file=sys.stderr)
+    warnings.warn(SlurmLabFault(said), stacklevel=1)
 
 
 # Every fixture above builds or hands out a lab: tests/conftest.py marks their users `lab`

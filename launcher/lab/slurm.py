@@ -313,6 +313,12 @@ class SlurmLab:
         found += _tail(self.dir / "ctld" / "slurmctld.log")
         return found
 
+    def gone_daemons(self) -> list[str]:
+        """The lab's daemons that are no longer running, by name ("slurmd of NODE")."""
+        daemons = [("munged", self.munged_pid), ("slurmctld", self.slurmctld_pid),
+                   *((f"slurmd of {h.name}", h.slurmd_pid) for h in self.hosts)]
+        return [name for name, pid in daemons if not _alive(pid)]
+
     def heal(self) -> list[str]:
         """Idle nodes again after problems() found some: on a node that is not idle, what ran
         there is killed and its slurmd started afresh (a gone or silent one); a node set down
