@@ -22,9 +22,10 @@ recoveries.json, which the run's summary.json carries as `recoveries`; the fleet
 record (the cluster's ledger: `launch status` shows recoveries and what they cost).
 
 Within an attempt, a node agent whose machine is gone is not restarted there (run_attempt's
-`node_lost`): the attempt ends at once (`machine_lost`: the replacement begins). Any backend whose inventory
-names where its machines come from can do this; each says whether it can
-(`machine recovery` in its capabilities).
+`node_lost`): the attempt ends at once (`machine_lost`: the replacement begins). Any backend
+whose inventory names where its machines come from can do this; each says whether it can
+(`machine recovery` in its capabilities). A run stopped meanwhile (Ctrl-C, `launch stop`) is
+not recovered: the replacements it began are waited for and named (Replacements.unused).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,7 +150,6 @@ class Replacements:
         self.used = len(book.entries)      # recoveries of earlier attempts
         self.begun: dict[str, tuple[str, float, Future]] = {}   # node -> why, when, its work
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(thread_name_prefix="launch-replace")
 
     def begin(self, node: Node, why: str) -> None:
         with self._lock:
@@ -157,9 +157,9 @@ class Replacements:
                     self.used + len(self.begun) >= self.policy.max_recoveries:
                 return
             at = time.monotonic()
-            self.begun[node.name] = (why, at, self._pool.submit(
-                recover_one, self.fleet, node, why, self.policy, self.book, self.run_id, at,
-                self.backend))
+            self.begun[node.name] = (why, at, _in_thread(
+                f"launch-replace-{node.name}", recover_one, self.fleet, node, why, self.policy,
+                self.book, self.run_id, at, self.backend))
 
     def why(self, name: str) -> str | None:
         """Why `name`'s machine is gone, where its replacement has begun (the fleet may no
@@ -181,20 +181,48 @@ class Replacements:
                            time.monotonic(), self.backend)
 
     def unused(self) -> list[str]:
-        """The replacements begun and finished that the run will not use (it stops): named so
-        that nobody pays for them unknowingly."""
+        """The replacements begun that the run will not use (it stops), waited for and named,
+        so that nobody pays for them unknowingly. The wait is said (on EC2 it is a boot); a
+        Ctrl-C ends it, saying which are still coming up, and is raised."""
         with self._lock:
-            futures = [f for _, _, f in self.begun.values()]
+            begun = {name: f for name, (_, _, f) in self.begun.items()}
+        coming = [name for name, f in begun.items() if not f.done()]
+        if coming:
+            say(f"waiting for the replacement of {', '.join(coming)} to come up, to name it "
+                f"(Ctrl-C again stops waiting)")
         names = []
-        for future in futures:
-            try:
-                names.append(future.result().name)
-            except Exception:  # noqa: BLE001 (its failure is in recoveries.json)
-                pass
+        try:
+            for future in begun.values():
+                try:
+                    names.append(future.result().name)
+                except Exception:  # noqa: BLE001 (its failure is in recoveries.json)
+                    pass
+        except KeyboardInterrupt:
+            still = [name for name, f in begun.items() if not f.done()]
+            say(f"stopped waiting for the replacement of {', '.join(still)}: launch stops "
+                f"bringing it in; what it made so far stays in {self.fleet.what} "
+                "(`launch status`, `launch teardown`)" + (
+                    f"; {_unused(names, self.fleet, 'the run stopped')}" if names else ""))
+            raise
         return names
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
+
+def _in_thread(name: str, fn, *args) -> Future:
+    """fn(*args) in a daemon thread of its own, as a Future. Not a pool's: Python joins a
+    pool's threads at exit, so after a Ctrl-C launch would wait out a replacement's boot
+    without a word."""
+    future: Future = Future()
+
+    def work() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 (handed to whoever waits)
+            future.set_exception(err)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
 
 
 def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, display=None,
@@ -227,56 +255,65 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
                 replacements.begin(by_name[name], why)
 
         try:
-            summary = run_attempt(backend, request.with_(resume=resume), current,
-                                  display=display, folder=folder, timeline=timeline,
-                                  node_lost=node_lost, machine_lost=machine_lost)
-        except (RunFailed, NotStarted) as failed:
-            # NotStarted: preflight could not reach or check a node, nothing was started
-            # (nothing made either, for a run's first attempt: it is not resumed then); a
-            # machine already gone when the run (or `--resume`) began is replaced as one lost
-            # during it.
-            started = isinstance(failed, RunFailed)
-            if started:
-                folder = None   # the next attempt begins in the run's folder
-            # Ctrl-C or `launch stop` during the attempt: stopped as asked, not recovered.
-            asked = started and failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED)
-            lost = {} if asked else \
-                {n.name: why for n in current if (why := node_lost(n.name))}
-            if not lost:
-                unused = replacements.unused()
+            try:
+                summary = run_attempt(backend, request.with_(resume=resume), current,
+                                      display=display, folder=folder, timeline=timeline,
+                                      node_lost=node_lost, machine_lost=machine_lost)
+            except (RunFailed, NotStarted) as failed:
+                # NotStarted: preflight could not reach or check a node, nothing was started
+                # (nothing made either, for a run's first attempt: it is not resumed then); a
+                # machine already gone when the run (or `--resume`) began is replaced as one lost
+                # during it.
+                started = isinstance(failed, RunFailed)
+                if started:
+                    folder = None   # the next attempt begins in the run's folder
+                # Ctrl-C or `launch stop` during the attempt: stopped as asked, not recovered.
+                asked = started and failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED)
+                lost = {} if asked else \
+                    {n.name: why for n in current if (why := node_lost(n.name))}
+                if not lost:
+                    unused = replacements.unused()
+                    book.save()
+                    book.into_summary()
+                    if unused:
+                        raise RunFailed(f"{failed}\nlaunch: recover: "
+                                        f"{_unused(unused, fleet, 'the run stopped')}",
+                                        exit_code=failed.exit_code) from None
+                    raise
+                if replacements.used + len(lost) > policy.max_recoveries:
+                    unused = replacements.unused()
+                    book.save()
+                    book.into_summary()
+                    raise RecoveryFailed(
+                        f"{failed}\nlaunch: recover: {', '.join(lost)} lost "
+                        f"({'; '.join(lost.values())}), and the run has used "
+                        f"{replacements.used} of its {policy.max_recoveries} recoveries "
+                        "(--recover N)"
+                        + (f"; {_unused(unused, fleet, 'the others were found lost')}"
+                           if unused else ""),
+                        exit_code=failed.exit_code) from None
+                detected = replacements.first_at() or time.monotonic()
+                if timeline is not None:
+                    timeline.begin("machine recovery")
+                for name, why in lost.items():
+                    new = replacements.replacement(by_name[name], why)
+                    current = [new if n.name == name else n for n in current]
+                gate_and_record(fleet, backend, request, current, book,
+                                book.entries[replacements.used:], detected, policy)
                 book.save()
-                book.into_summary()
-                if unused:
-                    raise RunFailed(f"{failed}\nlaunch: recover: "
-                                    f"{_unused(unused, fleet, 'the run stopped')}",
-                                    exit_code=failed.exit_code) from None
-                raise
-            if replacements.used + len(lost) > policy.max_recoveries:
-                unused = replacements.unused()
-                book.save()
-                book.into_summary()
-                raise RecoveryFailed(
-                    f"{failed}\nlaunch: recover: {', '.join(lost)} lost ({'; '.join(lost.values())}), "
-                    f"and the run has used {replacements.used} of its "
-                    f"{policy.max_recoveries} recoveries (--recover N)"
-                    + (f"; {_unused(unused, fleet, 'the others were found lost')}"
-                       if unused else ""),
-                    exit_code=failed.exit_code) from None
-            detected = replacements.first_at() or time.monotonic()
-            if timeline is not None:
-                timeline.begin("machine recovery")
-            for name, why in lost.items():
-                new = replacements.replacement(by_name[name], why)
-                current = [new if n.name == name else n for n in current]
-            gate_and_record(fleet, backend, request, current, book,
-                            book.entries[replacements.used:], detected, policy)
+                resume = resume or started
+                say(f"{'resuming' if resume else 'starting'} run {request.run_id} on "
+                    f"{', '.join(n.name for n in current)}")
+                continue
+        except KeyboardInterrupt:
+            # Ctrl-C between attempts: a replacement, its check or the gate under way
+            # (within an attempt, launch's own handler makes it the attempt's end, above).
+            unused = replacements.unused()
             book.save()
-            resume = resume or started
-            say(f"{'resuming' if resume else 'starting'} run {request.run_id} on "
-                f"{', '.join(n.name for n in current)}")
-            continue
-        finally:
-            replacements.close()
+            book.into_summary()
+            if unused:
+                say(_unused(unused, fleet, "the run was interrupted"))
+            raise
         if book.entries:
             resumed = _resumed_from(run_dir)
             for entry in book.entries:

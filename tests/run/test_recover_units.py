@@ -55,9 +55,6 @@ def test_a_loss_beyond_the_runs_recoveries_begins_no_replacement(tmp_path):
     book = RecoveryBook(tmp_path)
     book.entries.append({"node": "host0", "replacement": "host2"})
     replacements = Replacements(None, None, Recover(1, 60), book, "r")
-    try:
-        replacements.begin(Node("host1", "10.0.0.2", "10.0.0.2"), "its instance is terminated")
-        assert replacements.why("host1") is None and replacements.first_at() is None
-        assert replacements.unused() == [] and len(book.entries) == 1
-    finally:
-        replacements.close()
+    replacements.begin(Node("host1", "10.0.0.2", "10.0.0.2"), "its instance is terminated")
+    assert replacements.why("host1") is None and replacements.first_at() is None
+    assert replacements.unused() == [] and len(book.entries) == 1

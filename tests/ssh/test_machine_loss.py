@@ -6,8 +6,11 @@ part: whether the machine is gone, and a new one)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -18,7 +21,8 @@ from launcher.cluster.ssh import SshOptions
 from launcher.job.recipe import load_recipe
 from launcher.job.request import Recover, RunRequest
 from launcher.lab.hosts import LabFleet
-from launcher.pipeline.recover import RecoveryBook, gate_and_record, recover_one
+from launcher.pipeline.recover import (RecoveryBook, Replacements, gate_and_record,
+                                       recover_one)
 from tests.labs import _ssh_lab
 from tests.run.conftest import LaunchProcess, wait_for, write_recipe
 from tests.ssh.conftest import newest_step, only_sshd_left
@@ -152,3 +156,32 @@ def test_a_machine_gone_before_the_run_begins_is_replaced_and_the_run_starts_the
     kept = json.loads((tmp_path / "runs" / "late" / "recoveries.json").read_text())
     assert kept == summary["recoveries"]
     assert only_sshd_left(lab) == {}
+
+
+def test_ctrl_c_while_a_replacement_comes_up_says_what_it_leaves(lab, tmp_path, capsys):
+    """A run stopped while a lost machine's replacement is under way waits for it, to name it
+    (on EC2 an instance that bills), and says so; a Ctrl-C then ends the wait at once, saying
+    the replacement is left where `launch status` and `launch teardown` find it. (The wait
+    used to be silent, and to go on after the Ctrl-C: Python joins a thread pool's threads at
+    exit.)"""
+    nodes = load_inventory(lab.inventory)
+    fleet = LabFleet(lab.dir)
+    lab.lose("host0")
+    replacements = Replacements(fleet, SshBackend(lab.inventory, SshOptions()),
+                                Recover(1, 600), RecoveryBook(tmp_path / "runs" / "r"), "r")
+    replacements.begin(nodes[0], fleet.gone(nodes[0]))
+    (_, _, work), = replacements.begun.values()
+    # The replacement (a new lab host, its sshd, `launch check` there) takes seconds.
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            replacements.unused()
+        assert not work.done()
+    finally:
+        work.exception(timeout=300)   # its lines stay in this test's output
+    err = capsys.readouterr().err
+    assert ("launch: recover: waiting for the replacement of host0 to come up, to name it "
+            "(Ctrl-C again stops waiting)") in err
+    assert (f"launch: recover: stopped waiting for the replacement of host0: launch stops "
+            f"bringing it in; what it made so far stays in {fleet.what} (`launch status`, "
+            "`launch teardown`)") in err
