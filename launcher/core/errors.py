@@ -34,6 +34,9 @@ class RunFailed(LauncherError):
 
     exit_code = 1
 
-    def __init__(self, message: str, exit_code: int = 1):
+    def __init__(self, message: str, exit_code: int = 1, stop_asked: int | None = None):
         super().__init__(message)
         self.exit_code = exit_code
+        # A signal that asked launch to stop during the run (launcher/execute/supervisor.py
+        # Outcome.stop_asked), whatever ended it.
+        self.stop_asked = stop_asked

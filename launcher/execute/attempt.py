@@ -323,7 +323,7 @@ def execute_plan(plan: RunPlan, folder: RunFolder, procs: list[NodeProcess], *,
         EXIT_STOPPED if outcome.status == "stopped" else 1
     if outcome.status == "interrupted" and outcome.reason.endswith(signal.Signals.SIGTERM.name):
         code = EXIT_STOPPED
-    raise RunFailed("\n".join(lines), exit_code=code)
+    raise RunFailed("\n".join(lines), exit_code=code, stop_asked=outcome.stop_asked)
 
 
 def timeline_of(timeline: Timeline, summary: dict[str, Any], outcome: Outcome

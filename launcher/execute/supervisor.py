@@ -70,6 +70,10 @@ class Outcome:
     duration_s: float = 0.0
     stop_latency_s: float | None = None   # from the first failure to the last node gone
     recovery: dict[str, Any] = field(default_factory=dict)  # restarts, hang, resumed step
+    # The signal that asked launch to stop (Ctrl-C, `launch stop`), also one that came while a
+    # failure was already stopping the nodes (the status then stays the failure's): whoever
+    # would go on after this attempt (a recovery) must not.
+    stop_asked: int | None = None
 
 
 def interrupt_words(signum: int) -> str:
@@ -243,6 +247,7 @@ class Supervisor:
         self.reason = ""
         self.status = "succeeded"
         self.request = StopRequest()
+        self.signal_heard = False
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -273,7 +278,7 @@ class Supervisor:
             first_failure=self.first_failure, reason=self.reason,
             duration_s=time.monotonic() - self.started_at,
             stop_latency_s=None if self.stop_at is None else time.monotonic() - self.stop_at,
-            recovery=recovered,
+            recovery=recovered, stop_asked=self.request.signum,
         )
 
     def fail(self, node: str | None, why: str, stopping: str = "stopping all nodes") -> None:
@@ -427,13 +432,20 @@ class Supervisor:
                       else f"node {node} {describe_exit(code)}", "stopping the other nodes")
 
     def on_signal(self) -> None:
-        if self.request.signum is not None and self.stop_at is None:
-            self.status = "interrupted"
-            self.reason = interrupt_words(self.request.signum)
-            again = "; Ctrl-C again kills them now" \
-                if self.request.signum == signal.SIGINT else ""
-            self.begin_stop(f"{self.reason}: stopping every node (SIGTERM, SIGKILL after "
-                            f"{self.grace_s:g} s{again})")
+        if self.request.signum is None or self.signal_heard:
+            return
+        self.signal_heard = True
+        again = "; Ctrl-C again kills them now" if self.request.signum == signal.SIGINT else ""
+        if self.stop_at is not None:
+            # A failure is stopping the nodes already: it stays the run's end, and nothing
+            # goes on after it (Outcome.stop_asked).
+            self.notify(f"{interrupt_words(self.request.signum)}: the nodes are already "
+                        f"stopping{again}")
+            return
+        self.status = "interrupted"
+        self.reason = interrupt_words(self.request.signum)
+        self.begin_stop(f"{self.reason}: stopping every node (SIGTERM, SIGKILL after "
+                        f"{self.grace_s:g} s{again})")
 
     def escalate(self) -> None:
         """SIGKILL once the grace period is over, at once at a second Ctrl-C, and at once when

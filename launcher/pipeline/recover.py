@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from launcher.cluster.inventory import Node
 from launcher.core.errors import LauncherError, NotStarted, RunFailed
 from launcher.execute.attempt import EXIT_INTERRUPTED, EXIT_STOPPED, run_attempt
+from launcher.execute.supervisor import interrupt_words
 from launcher.job.request import Recover, RunRequest
 
 
@@ -149,6 +150,8 @@ class Replacements:
             fleet, backend, policy, book, run_id
         self.used = len(book.entries)      # recoveries of earlier attempts
         self.begun: dict[str, tuple[str, float, Future]] = {}   # node -> why, when, its work
+        # A Ctrl-C ended unused()'s wait: not waited for again.
+        self.abandoned = False
         self._lock = threading.Lock()
 
     def begin(self, node: Node, why: str) -> None:
@@ -198,6 +201,7 @@ class Replacements:
                 except Exception:  # noqa: BLE001 (its failure is in recoveries.json)
                     pass
         except KeyboardInterrupt:
+            self.abandoned = True
             still = [name for name, f in begun.items() if not f.done()]
             say(f"stopped waiting for the replacement of {', '.join(still)}: launch stops "
                 f"bringing it in; what it made so far stays in {self.fleet.what} "
@@ -267,8 +271,14 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
                 started = isinstance(failed, RunFailed)
                 if started:
                     folder = None   # the next attempt begins in the run's folder
-                # Ctrl-C or `launch stop` during the attempt: stopped as asked, not recovered.
-                asked = started and failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED)
+                # Ctrl-C or `launch stop` during the attempt, also while a failure (the loss
+                # itself) was stopping its nodes: stopped as asked, not recovered.
+                asked = started and (failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED) or
+                                     failed.stop_asked is not None)
+                if asked and failed.stop_asked is not None and \
+                        failed.exit_code not in (EXIT_INTERRUPTED, EXIT_STOPPED):
+                    say(f"{interrupt_words(failed.stop_asked)} came as the attempt ended: the "
+                        "run is not recovered")
                 lost = {} if asked else \
                     {n.name: why for n in current if (why := node_lost(n.name))}
                 if not lost:
@@ -307,12 +317,16 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
                 continue
         except KeyboardInterrupt:
             # Ctrl-C between attempts: a replacement, its check or the gate under way
-            # (within an attempt, launch's own handler makes it the attempt's end, above).
-            unused = replacements.unused()
-            book.save()
-            book.into_summary()
-            if unused:
-                say(_unused(unused, fleet, "the run was interrupted"))
+            # (within an attempt, launch's own handler makes it the attempt's end, above), or
+            # a second one that ended unused()'s wait above (which said what it left).
+            try:
+                if not replacements.abandoned:
+                    unused = replacements.unused()
+                    if unused:
+                        say(_unused(unused, fleet, "the run was interrupted"))
+            finally:
+                book.save()
+                book.into_summary()
             raise
         if book.entries:
             resumed = _resumed_from(run_dir)

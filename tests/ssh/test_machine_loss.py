@@ -185,3 +185,37 @@ def test_ctrl_c_while_a_replacement_comes_up_says_what_it_leaves(lab, tmp_path, 
     assert (f"launch: recover: stopped waiting for the replacement of host0: launch stops "
             f"bringing it in; what it made so far stays in {fleet.what} (`launch status`, "
             "`launch teardown`)") in err
+
+
+def test_ctrl_c_after_a_machine_is_lost_stops_the_run_and_names_its_replacement(lab, tmp_path):
+    """Ctrl-C the moment launch says a machine is lost: the run stops as asked, is not
+    resumed, and the replacement already begun is named as unused, where it stays."""
+    recipe = write_recipe(tmp_path, train={"steps": 400, "log_every": 20})
+    run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                         "--run-id", "stopped", "--rdzv-port", "29657", "--recover", "1"],
+                        tmp_path)
+    try:
+        wait_for(lambda: "step 20/400" in run.output(), 300, "step 20")
+        lab.lose("host1")
+        wait_for(lambda: "launch: recover: node host1 is lost" in run.output(), 120,
+                 "the loss noticed")
+        run.proc.send_signal(signal.SIGINT)
+        code = run.wait(timeout=300)
+    finally:
+        run.kill()
+    out = run.output()
+    summary = json.loads((tmp_path / "runs" / "stopped" / "summary.json").read_text())
+    # Which came first decides how the attempt ended: the Ctrl-C (launch stops every node:
+    # interrupted, 130) or the loss (launch was stopping the nodes already: failed, 1). Either
+    # way it is the run's end: it once went on to resume on the replacement, the Ctrl-C
+    # unheard, when the loss had come first.
+    assert (code, summary["status"]) in ((130, "interrupted"), (1, "failed")), out[-5000:]
+    if code == 1:
+        assert "launch: Ctrl-C (SIGINT): the nodes are already stopping" in out
+        assert ("launch: recover: Ctrl-C (SIGINT) came as the attempt ended: the run is not "
+                "recovered") in out
+    assert "host2, brought in before the run stopped, stay(s) in" in out, out[-5000:]
+    assert "resuming run stopped" not in out and "Traceback" not in out
+    (recovery,) = summary["recoveries"]
+    assert (recovery["node"], recovery["replacement"]) == ("host1", "host2")
+    assert only_sshd_left(lab) == {}
