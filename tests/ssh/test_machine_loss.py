@@ -219,3 +219,39 @@ def test_ctrl_c_after_a_machine_is_lost_stops_the_run_and_names_its_replacement(
     (recovery,) = summary["recoveries"]
     assert (recovery["node"], recovery["replacement"]) == ("host1", "host2")
     assert only_sshd_left(lab) == {}
+
+
+def test_ctrl_c_during_the_recoverys_gate_stops_the_run_and_names_its_replacement(lab,
+                                                                                    tmp_path):
+    """Ctrl-C between attempts, as the replacement's gate begins: the run ends there, never
+    resumed, and the replacement is named. (Landing before the gate's own torchrun is under
+    way, it is Python's KeyboardInterrupt in run_recovering: 130, the replacement named as
+    unused; landing in it, the gate fails, and the error names the replacement it was for.)"""
+    recipe = write_recipe(tmp_path, train={"steps": 400, "log_every": 20})
+    run = LaunchProcess(["run", "--nodes", "2", str(recipe), "-i", str(lab.inventory),
+                         "--run-id", "gated", "--rdzv-port", "29658", "--recover", "1",
+                         "--gate"], tmp_path)
+
+    def gating() -> bool:
+        out = run.output()
+        lost = out.find("launch: recover: node host1 is lost")
+        return lost >= 0 and "launch: gate: measuring 2 node(s)" in out[lost:]
+
+    try:
+        wait_for(lambda: "step 20/400" in run.output(), 300, "step 20")
+        lab.lose("host1")
+        wait_for(gating, 120, "the recovery's gate")
+        run.proc.send_signal(signal.SIGINT)
+        code = run.wait(timeout=300)
+    finally:
+        run.kill()
+    out = run.output()
+    if code == 130:
+        assert "launch: recover: host2, brought in before the run was interrupted, stay(s) in" \
+            in out, out[-5000:]
+        assert out.rstrip().endswith("launch: interrupted"), out[-3000:]
+    else:
+        assert code == 1 and "launch: error: after replacing host2: the collective gate" in out, \
+            out[-5000:]
+    assert "resuming run gated" not in out and "Traceback" not in out
+    assert only_sshd_left(lab) == {}
