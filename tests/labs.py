@@ -4,7 +4,8 @@ An SSH lab is built once per test module and removed after it, even when a test 
 hosts outlive each test as real hosts do between runs, so each test keeps to its own run id and
 folders. What a test leaves running on the hosts it fails on by itself (only_sshd_left); then
 it is ended, so the module's next test starts on quiet hosts. The Slurm lab is shared the same
-way; each test ends its own jobs.
+way; each test ends its own jobs, and after each the lab's nodes must be idle again
+(slurm_lab_left_ready).
 """
 
 from __future__ import annotations
