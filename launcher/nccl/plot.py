@@ -12,6 +12,15 @@ from launcher.nccl.summary import human_bytes
 SIDES = ("out_of_place", "in_place")
 
 
+def legend(ax, **options) -> None:
+    """The axes' legend, where something on them has a label: matplotlib warns on stderr
+    ("No artists with labels found") for an empty one, and a run's end printed that warning
+    to the user (a resumed run with no restart: its timeline has nothing to name). Here,
+    the lowest of the modules that draw (the report's plots use it too)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
+
+
 def draw_busbw(ax, series: dict[str, list[tuple[int, float]]], sizes: list[int], *,
                title: str, peak: LinkPeak | None) -> None:
     """series: per side (out_of_place, in_place) its (message size, busbw) points."""
@@ -33,8 +42,7 @@ def draw_busbw(ax, series: dict[str, list[tuple[int, float]]], sizes: list[int],
     ax.set_ylim(0, top * 1.12 or 1)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:   # no points, no peak: no legend (and no warning)
-        ax.legend(fontsize=8, loc="upper left")
+    legend(ax, fontsize=8, loc="upper left")   # no points, no peak: no legend
 
 
 def plot_bandwidth(run: NcclTestsRun, path: Path, *, title: str,

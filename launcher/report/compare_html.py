@@ -11,7 +11,8 @@ from launcher.report import page
 from launcher.report.compare import (Comparison, cells, data_wait_s, difference_cells,
                                      split_part, timeline_cells)
 from launcher.report.html import step_curves
-from launcher.report.plots import COMM, COMPUTE, DATA, legend
+from launcher.nccl.plot import legend
+from launcher.report.plots import COMM, COMPUTE, DATA
 
 
 def _bars(comparison: Comparison):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.nccl.links import LinkPeak
-from launcher.nccl.plot import SIDES, draw_busbw
+from launcher.nccl.plot import SIDES, draw_busbw, legend
 from train.stepsplit import STATISTIC
 
 COMPUTE, DATA, COMM = "#4c72b0", "#dd8452", "#c44e52"
@@ -89,14 +89,6 @@ def _figure(size=WIDE, cols: int = 1):
     for ax in axes:
         ax.grid(True, alpha=0.3)
     return fig, list(axes)
-
-
-def legend(ax, **options) -> None:
-    """The axes' legend, where something on them has a label: matplotlib warns on stderr
-    ("No artists with labels found") for an empty one, and a run's end printed that warning
-    to the user (a resumed run with no restart: its timeline has nothing to name)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(**options)
 
 
 def _with_tick(ax, value: float) -> None:
