@@ -150,7 +150,7 @@ class Replacements:
             fleet, backend, policy, book, run_id
         self.used = len(book.entries)      # recoveries of earlier attempts
         self.begun: dict[str, tuple[str, float, Future]] = {}   # node -> why, when, its work
-        # A Ctrl-C ended unused()'s wait: not waited for again.
+        # A Ctrl-C ended unused()'s wait: not waited for again (settle).
         self.abandoned = False
         self._lock = threading.Lock()
 
@@ -209,6 +209,15 @@ class Replacements:
                     f"; {_unused(names, self.fleet, 'the run stopped')}" if names else ""))
             raise
         return names
+
+    def settle(self) -> list[str]:
+        """The run stops: unused() (unless a Ctrl-C already ended its wait), and the book kept
+        (recoveries.json, the attempt's summary.json) whatever happens meanwhile."""
+        try:
+            return [] if self.abandoned else self.unused()
+        finally:
+            self.book.save()
+            self.book.into_summary()
 
 
 def _in_thread(name: str, fn, *args) -> Future:
@@ -273,27 +282,22 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
                     folder = None   # the next attempt begins in the run's folder
                 # Ctrl-C or `launch stop` during the attempt, also while a failure (the loss
                 # itself) was stopping its nodes: stopped as asked, not recovered.
-                asked = started and (failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED) or
-                                     failed.stop_asked is not None)
-                if asked and failed.stop_asked is not None and \
-                        failed.exit_code not in (EXIT_INTERRUPTED, EXIT_STOPPED):
+                stopped = started and failed.exit_code in (EXIT_INTERRUPTED, EXIT_STOPPED)
+                if started and not stopped and failed.stop_asked is not None:
                     say(f"{interrupt_words(failed.stop_asked)} came as the attempt ended: the "
                         "run is not recovered")
+                asked = stopped or (started and failed.stop_asked is not None)
                 lost = {} if asked else \
                     {n.name: why for n in current if (why := node_lost(n.name))}
                 if not lost:
-                    unused = replacements.unused()
-                    book.save()
-                    book.into_summary()
+                    unused = replacements.settle()
                     if unused:
                         raise RunFailed(f"{failed}\nlaunch: recover: "
                                         f"{_unused(unused, fleet, 'the run stopped')}",
                                         exit_code=failed.exit_code) from None
                     raise
                 if replacements.used + len(lost) > policy.max_recoveries:
-                    unused = replacements.unused()
-                    book.save()
-                    book.into_summary()
+                    unused = replacements.settle()
                     raise RecoveryFailed(
                         f"{failed}\nlaunch: recover: {', '.join(lost)} lost "
                         f"({'; '.join(lost.values())}), and the run has used "
@@ -319,14 +323,9 @@ def run_recovering(backend: Any, request: RunRequest, nodes: list[Node], *, disp
             # Ctrl-C between attempts: a replacement, its check or the gate under way
             # (within an attempt, launch's own handler makes it the attempt's end, above), or
             # a second one that ended unused()'s wait above (which said what it left).
-            try:
-                if not replacements.abandoned:
-                    unused = replacements.unused()
-                    if unused:
-                        say(_unused(unused, fleet, "the run was interrupted"))
-            finally:
-                book.save()
-                book.into_summary()
+            unused = replacements.settle()
+            if unused:
+                say(_unused(unused, fleet, "the run was interrupted"))
             raise
         if book.entries:
             resumed = _resumed_from(run_dir)

@@ -165,19 +165,29 @@ def test_ctrl_c_while_a_replacement_comes_up_says_what_it_leaves(lab, tmp_path, 
     used to be silent, and to go on after the Ctrl-C: Python joins a thread pool's threads at
     exit.)"""
     nodes = load_inventory(lab.inventory)
-    fleet = LabFleet(lab.dir)
+    booted = threading.Event()
+
+    class SlowBootFleet(LabFleet):
+        """The lab's fleet, its new machine up only once the test says so: an EC2 boot,
+        minutes long, rather than the lab's second (the outcome depends on no timing)."""
+
+        def replace(self, node):
+            booted.wait(300)
+            return super().replace(node)
+
+    fleet = SlowBootFleet(lab.dir)
     lab.lose("host0")
     replacements = Replacements(fleet, SshBackend(lab.inventory, SshOptions()),
                                 Recover(1, 600), RecoveryBook(tmp_path / "runs" / "r"), "r")
     replacements.begin(nodes[0], fleet.gone(nodes[0]))
     (_, _, work), = replacements.begun.values()
-    # The replacement (a new lab host, its sshd, `launch check` there) takes seconds.
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             replacements.unused()
         assert not work.done()
     finally:
+        booted.set()
         work.exception(timeout=300)   # its lines stay in this test's output
     err = capsys.readouterr().err
     assert ("launch: recover: waiting for the replacement of host0 to come up, to name it "
