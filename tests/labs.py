@@ -10,7 +10,6 @@ way; each test ends its own jobs, and after each the lab's nodes must be idle ag
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import pytest
@@ -109,7 +108,8 @@ def slurm_lab_left_ready(request):
     What is wrong is said with the daemons' logs, which the lab's removal would otherwise take
     with it. The test fails where launch may be to blame: a daemon gone (killed?), a job's
     process left on a node. A node slurmctld cannot reach while its slurmd runs and nothing of
-    a job is left is the lab's fault (network namespaces on a shared machine): a warning."""
+    a job is left is the lab's fault (network namespaces on a shared machine): a warning
+    (SlurmLabFault, in the summary of a passing suite too)."""
     if "slurm_lab" not in request.fixturenames:
         yield
         return
@@ -127,8 +127,7 @@ def slurm_lab_left_ready(request):
     said = "the Slurm lab was not ready for the next test:\n" + "\n".join(problems)
     if blame:
         pytest.fail(f"{', '.join(blame)}; {said}", pytrace=False)
-    print(said, file=sys.stderr)
-    warnings.warn(SlurmLabFault(said), stacklevel=1)
+    warnings.warn(SlurmLabFault(said), stacklevel=1)   # pytest's summary shows it whole
 
 
 # Every fixture above builds or hands out a lab: tests/conftest.py marks their users `lab`

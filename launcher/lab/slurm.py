@@ -296,10 +296,8 @@ class SlurmLab:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        found = []
-        for name, pid in (("munged", self.munged_pid), ("slurmctld", self.slurmctld_pid)):
-            if not _alive(pid):
-                found.append(f"{name} (pid {pid}) is gone")
+        found = [f"{name} is gone" for name in self.gone_daemons()
+                 if not name.startswith("slurmd")]   # each slurmd: on its node's line
         if not states:
             found.append("slurmctld does not answer sinfo")
         for host in self.hosts:
